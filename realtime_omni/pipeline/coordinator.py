@@ -1,0 +1,600 @@
+"""The coordinator: starts the stage processes, submits requests, streams terminal outputs back,
+aborts requests everywhere, and restarts a stage process that died.
+
+    coord = Coordinator(config)
+    await coord.start()                      # returns when every stage process is ready
+    stream = await coord.submit({"x": arr})  # waits for a free request slot and entry credit
+    async for out in stream: ...             # Output(stage, data) from the terminal stages
+    await coord.abort(stream.request_id)     # returns once every stage acknowledged
+    await coord.close()                      # no process and no shared memory left behind
+
+Runs in the server's asyncio loop; a monitor thread watches the local processes' sentinels so a
+death (even SIGKILL) is seen within `_MONITOR_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from realtime_omni.errors import (
+    OmniError,
+    RequestAborted,
+    RequestError,
+    StageDied,
+    StartupError,
+)
+from realtime_omni.pipeline import messages as m
+from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.graph import Graph, group_of
+from realtime_omni.pipeline.relay import Inlet, Outlet, Payload, copy_payload
+from realtime_omni.pipeline.shm import clean_stale_segments, segment_name, unlink_segments
+from realtime_omni.pipeline.worker import ARGS_ENV, SNDHWM, WorkerArgs
+
+_MONITOR_S = 0.05  # sentinel poll period of the monitor thread
+_END = object()
+
+
+class Output(NamedTuple):
+    stage: str
+    data: Payload
+
+
+class RequestStream:
+    """The terminal outputs of one request, as an async iterator of `Output`.
+
+    Outputs of one terminal stage come in order. The iterator ends when every terminal stage
+    closed its stream, and raises the request's error if it failed or was aborted. An output's
+    credit goes back to its stage when the consumer takes it, so a consumer that stops reading
+    stalls the pipeline for this edge instead of growing memory.
+    """
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        # Bounded by the credits of the terminal edges: each queued output holds one.
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.closed = False
+
+    def _put(self, item: Any) -> None:
+        if not self.closed:
+            self._queue.put_nowait(item)
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if not self.closed:
+            self._queue.put_nowait(error if error is not None else _END)
+            self.closed = True
+
+    def _drain(self) -> None:
+        """Give back the credits of outputs nobody will read."""
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, tuple):
+                item[2]()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Output:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._queue.put_nowait(item)
+            raise item
+        stage, data, ack = item
+        ack()
+        return Output(stage, data)
+
+    async def collect(self) -> dict[str, list[Payload]]:
+        out: dict[str, list[Payload]] = {}
+        async for o in self:
+            out.setdefault(o.stage, []).append(o.data)
+        return out
+
+
+@dataclass
+class _Request:
+    rid: str
+    route: dict[str, int]
+    stream: RequestStream
+    done: set[str] = field(default_factory=set)  # stages finished with it
+    ended: set[str] = field(default_factory=set)  # terminal stages whose stream closed
+    abort_waiting: set[str] | None = None  # stages yet to ack an abort in progress
+    abort_done: asyncio.Future[None] | None = None
+
+
+class Coordinator:
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.graph = Graph(cfg)
+        self.owner_pid = os.getpid()
+        self.epochs = {p: 0 for p in self.graph.processes()}
+        self.ipc_dir: Path | None = None
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._ready: dict[str, asyncio.Future[None]] = {}
+        self._peer_up_waiting: dict[str, set[str]] = {}
+        self._peer_up_done: dict[str, asyncio.Future[None]] = {}
+        self._requests: dict[str, _Request] = {}
+        self._closed_ids: OrderedDict[str, None] = OrderedDict()  # late outputs get acked
+        self._down: set[str] = set()
+        self._last_beat: dict[str, float] = {}
+        self._stats_waiters: dict[int, tuple[set[str], dict[str, m.Stats], asyncio.Future]] = {}
+        self._tokens = itertools.count(1)
+        self._startup_errors: dict[str, str] = {}
+        self._credit = asyncio.Event()
+        self._healthy = asyncio.Event()
+        self._closing = False
+        self._broken: dict[str, str] = {}  # process -> why its restart failed
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._active: dict[str, int] = {}  # process -> requests routed to it
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        clean_stale_segments()
+        rt = self.cfg.runtime
+        if rt.ipc_dir:
+            self.ipc_dir = Path(rt.ipc_dir)
+            self.ipc_dir.mkdir(parents=True, exist_ok=True)
+            self._own_ipc_dir = False
+        else:
+            self.ipc_dir = Path(tempfile.mkdtemp(prefix="rto-"))
+            self._own_ipc_dir = True
+        self.zmq = zmq.asyncio.Context()
+        self.inbox = self.zmq.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.RCVHWM, 0)  # bounded by credits, see worker.SNDHWM
+        self.inbox.bind(self.graph.endpoint(m.CLIENT, 0, self.ipc_dir))
+        self.peers: dict[str, zmq.asyncio.Socket] = {}
+        entry_edge = self.graph.edge(m.CLIENT, self.graph.entry)
+        self.outlet = Outlet(
+            entry_edge,
+            m.CLIENT,
+            0,
+            self.owner_pid,
+            rt.inline_max_bytes,
+            self.cfg.stages[self.graph.entry].device,
+        )
+        self.inlet = Inlet()
+        self._recv_task = asyncio.create_task(self._receive())
+        self._stop_monitor = threading.Event()
+        try:
+            for p in self.graph.processes():
+                self._ready[p] = self.loop.create_future()
+                if p in self.graph.local_processes():
+                    self._spawn(p)
+            await self._wait_ready(list(self._ready), rt.ready_timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+        self._monitor = threading.Thread(target=self._watch, name="rto-monitor", daemon=True)
+        self._monitor.start()
+        self._healthy.set()
+
+    def _spawn(self, process: str) -> None:
+        assert self.ipc_dir is not None
+        args = WorkerArgs(
+            config=self.cfg.model_dump(),
+            process=process,
+            epoch=self.epochs[process],
+            # A peer that is down gets its new epoch through PeerUp.
+            epochs=dict(self.epochs),
+            ipc_dir=str(self.ipc_dir),
+            owner_pid=self.owner_pid,
+        )
+        env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
+        self._procs[process] = subprocess.Popen(
+            [sys.executable, "-m", "realtime_omni.pipeline.worker"], env=env
+        )
+
+    async def _wait_ready(self, processes: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = [p for p in processes if not self._ready[p].done()]
+            if not missing:
+                return
+            for p in missing:
+                proc = self._procs.get(p)
+                if proc is not None and proc.poll() is not None:
+                    stages = ", ".join(self.graph.groups[group_of(p)].stages)
+                    why = self._startup_errors.get(stages, f"exit code {proc.returncode}")
+                    raise StartupError(f"stage process {p} ({stages}) failed to start: {why}")
+            if time.monotonic() > deadline:
+                names = ", ".join(
+                    f"{p} ({', '.join(self.graph.groups[group_of(p)].stages)})" for p in missing
+                )
+                raise StartupError(
+                    f"stage processes not ready after {timeout:.0f} s: {names}. Fix: check their "
+                    "logs, or raise runtime.ready_timeout_s for slow model loads"
+                )
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        """Stop every stage process and remove every segment; safe to call twice."""
+        if self._closing:
+            return
+        self._closing = True
+        if hasattr(self, "_stop_monitor"):
+            self._stop_monitor.set()
+        for req in list(self._requests.values()):
+            req.stream._finish(OmniError("the pipeline was shut down"))
+        for p in self._procs:
+            if p not in self._down:
+                self._send(p, m.Shutdown())
+        deadline = time.monotonic() + 5
+        for proc in self._procs.values():
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=5)
+        if hasattr(self, "_recv_task"):
+            self._recv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recv_task
+        for t in list(self._tasks):
+            t.cancel()
+        if hasattr(self, "outlet"):
+            self.outlet.close()
+            self.inlet.close()
+        unlink_segments(segment_name(self.owner_pid, ""))
+        if hasattr(self, "zmq"):
+            for s in self.peers.values():
+                s.close(linger=0)
+            self.inbox.close(linger=0)
+            self.zmq.term()
+        if self.ipc_dir is not None and self._own_ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> Coordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- requests ----------------------------------------------------------------------
+
+    async def submit(self, payload: Payload, request_id: str | None = None) -> RequestStream:
+        """Start a request with `payload` as the entry stage's input; waits while the pipeline
+        is at `runtime.max_requests` or a stage is restarting, and for a free entry credit."""
+        if self._closing:
+            raise OmniError("the pipeline is shut down")
+        rid = request_id or uuid.uuid4().hex
+        if rid in self._requests:
+            raise RequestError(f"request id {rid!r} is already in flight")
+        while len(self._requests) >= self.cfg.runtime.max_requests or not self._healthy.is_set():
+            if self._broken or (self._down and not self.cfg.runtime.restart_stages):
+                why = "; ".join(self._broken.values()) or "restart_stages is off"
+                raise StageDied(f"stage processes {sorted(self._down)} are down: {why}")
+            await self._wait_credit()
+        route = self._pick_route()
+        req = _Request(rid, route, RequestStream(rid))
+        self._requests[rid] = req
+        for p in self._route_processes(route):
+            self._active[p] = self._active.get(p, 0) + 1
+        entry_proc = self._process_of(self.graph.entry, route)
+        while (slot := self.outlet.acquire(rid, entry_proc)) is None:
+            await self._wait_credit()
+        try:
+            msg, frames = self.outlet.pack(rid, slot, payload, route)
+            self._send(entry_proc, msg, frames)
+        except (OmniError, TypeError, ValueError) as e:
+            self._forget(rid)
+            raise e if isinstance(e, OmniError) else RequestError(str(e)) from None
+        return req.stream
+
+    async def _wait_credit(self) -> None:
+        self._credit.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._credit.wait(), 0.5)
+
+    def _pick_route(self) -> dict[str, int]:
+        route = {}
+        for g, grp in self.graph.groups.items():
+            if grp.replicas > 1:
+                names = [n for n in grp.process_names() if n not in self._down]
+                best = min(names or grp.process_names(), key=lambda n: self._active.get(n, 0))
+                route[g] = int(best.rsplit("#", 1)[1])
+        return route
+
+    def _route_processes(self, route: dict[str, int]) -> list[str]:
+        return [f"{g}#{route.get(g, 0)}" for g in self.graph.groups]
+
+    def _process_of(self, stage: str, route: dict[str, int]) -> str:
+        g = self.graph.process_of[stage]
+        return f"{g}#{route.get(g, 0)}"
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request in every stage; returns when all acknowledged (every slot it held
+        is free again). Aborting a request that already ended does nothing."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return
+        if req.abort_done is None:
+            req.stream._finish(RequestAborted(f"request {request_id} was aborted"))
+            self._start_abort(req)
+        assert req.abort_done is not None
+        timeout = self.cfg.runtime.abort_timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(req.abort_done), timeout)
+        except TimeoutError:
+            missing = sorted(req.abort_waiting or ())
+            raise OmniError(
+                f"abort of {request_id} not acknowledged within {timeout} s by: {missing}"
+            ) from None
+
+    def _start_abort(self, req: _Request) -> None:
+        req.abort_done = self.loop.create_future()
+        req.abort_waiting = set()
+        for p in self._route_processes(req.route):
+            if p in self._down:
+                continue
+            req.abort_waiting.update(self.graph.groups[group_of(p)].stages)
+            self._send(p, m.Abort(req.rid))
+        self._check_abort(req)
+
+    def _check_abort(self, req: _Request) -> None:
+        if req.abort_waiting is not None and not req.abort_waiting:
+            if req.abort_done is not None and not req.abort_done.done():
+                req.abort_done.set_result(None)
+            req.stream._drain()
+            self._forget(req.rid)
+
+    def _fail(self, req: _Request, error: RequestError) -> None:
+        """The request failed somewhere: tell the caller, abort it everywhere in the background."""
+        req.stream._finish(error)
+        if req.abort_done is None:
+            self._start_abort(req)
+            assert req.abort_done is not None
+            req.abort_done.add_done_callback(lambda f: f.exception() if not f.cancelled() else None)
+
+    def _forget(self, rid: str) -> None:
+        req = self._requests.pop(rid, None)
+        if req is None:
+            return
+        for p in self._route_processes(req.route):
+            self._active[p] = self._active.get(p, 1) - 1
+        self._closed_ids[rid] = None
+        while len(self._closed_ids) > 8192:
+            self._closed_ids.popitem(last=False)
+        self._credit.set()
+
+    def _maybe_complete(self, req: _Request) -> None:
+        if req.abort_done is None and req.ended >= set(self.graph.terminals):
+            req.stream._finish()
+            if req.done >= set(self.cfg.stages):
+                self._forget(req.rid)
+
+    # ---- inbound -----------------------------------------------------------------------
+
+    def _send(self, process: str, msg: m.Message, frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+        assert self.ipc_dir is not None
+        sock = self.peers.get(process)
+        if sock is None:
+            sock = self.zmq.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, SNDHWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.graph.endpoint(process, self.epochs[process], self.ipc_dir))
+            self.peers[process] = sock
+        sock.send_multipart([m.encode(msg), *frames], copy=False)
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.inbox.recv_multipart(copy=False)
+            try:
+                self._handle(m.decode(frames[0].buffer), frames)
+            except Exception as e:  # a bug must not kill the receive loop silently
+                import traceback
+
+                traceback.print_exception(e)
+
+    def _handle(self, msg: m.Message, frames: list[Any]) -> None:
+        match msg:
+            case m.DataReady():
+                self._on_output(msg, frames)
+            case m.StreamEnd(request_id=rid, src=src):
+                req = self._requests.get(rid)
+                if req is not None:
+                    req.ended.add(src)
+                    self._maybe_complete(req)
+            case m.DataAck(slot=slot):
+                self.outlet.pool.release(slot)
+                self._credit.set()
+            case m.StageDone(request_id=rid, stage=stage):
+                req = self._requests.get(rid)
+                if req is not None:
+                    req.done.add(stage)
+                    self._maybe_complete(req)
+            case m.StageError(request_id="", stage=stages, message=message):
+                self._startup_errors[stages] = message
+            case m.StageError(request_id=rid, stage=stage, message=message):
+                req = self._requests.get(rid)
+                if req is not None:
+                    self._fail(req, RequestError(f"stage {stage}: {message}"))
+            case m.AbortAck(request_id=rid, stage=stage):
+                req = self._requests.get(rid)
+                if req is not None and req.abort_waiting is not None:
+                    req.abort_waiting.discard(stage)
+                    self._check_abort(req)
+            case m.Ready(process=p, epoch=epoch):
+                fut = self._ready.get(p)
+                if epoch == self.epochs.get(p) and fut is not None and not fut.done():
+                    fut.set_result(None)
+                self._last_beat[p] = time.monotonic()
+                if p in self._down and p not in self._procs:  # a remote stage came back
+                    self._track(self._peer_up(p))
+            case m.Heartbeat(process=p):
+                self._last_beat[p] = time.monotonic()
+            case m.PeerUpAck(process=who, peer=peer):
+                waiting = self._peer_up_waiting.get(peer)
+                if waiting is not None:
+                    waiting.discard(who)
+                    if not waiting and not self._peer_up_done[peer].done():
+                        self._peer_up_done[peer].set_result(None)
+            case m.Stats(token=token, process=p):
+                entry = self._stats_waiters.get(token)
+                if entry is not None:
+                    waiting, got, fut = entry
+                    got[p] = msg
+                    waiting.discard(p)
+                    if not waiting and not fut.done():
+                        fut.set_result(got)
+            case _:
+                pass
+
+    def _on_output(self, msg: m.DataReady, frames: list[Any]) -> None:
+        sender, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.slot)
+
+        def release() -> None:
+            if sender not in self._down:
+                self._send(sender, ack)
+
+        req = self._requests.get(msg.request_id)
+        if req is None or req.stream.closed:
+            release()
+            return
+        data = copy_payload(self.inlet.open(msg, frames))
+        if msg.transport == "shm":  # copied out: the slot can go back now
+            release()
+            req.stream._put((msg.src, data, lambda: None))
+        else:
+            req.stream._put((msg.src, data, release))
+
+    # ---- faults ------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Monitor thread: report a dead local process, or a silent remote one, to the loop."""
+        fds: dict[int, tuple[int, str]] = {}  # pid -> (pidfd, process), for live local processes
+        try:
+            while not self._stop_monitor.is_set():
+                for p, pr in list(self._procs.items()):
+                    if pr.pid not in fds:
+                        with contextlib.suppress(ProcessLookupError):
+                            fds[pr.pid] = (os.pidfd_open(pr.pid), p)
+                watched = [fd for fd, _ in fds.values() if fd >= 0]
+                ready, _, _ = select.select(watched, [], [], _MONITOR_S)
+                dead = []
+                for pid, (fd, p) in list(fds.items()):
+                    if fd >= 0 and fd in ready:
+                        dead.append(p)
+                        fds[pid] = (-1, p)  # reported; kept so it is not reopened
+                        os.close(fd)
+                self._check_remote(dead)
+                for p in dead:
+                    if self._stop_monitor.is_set():
+                        return
+                    self.loop.call_soon_threadsafe(self._on_death, p)
+        finally:
+            for fd, _ in fds.values():
+                if fd >= 0:
+                    os.close(fd)
+
+    def _check_remote(self, dead: list[str]) -> None:
+        now = time.monotonic()
+        limit = self.cfg.runtime.heartbeat_timeout_s
+        for p in self.graph.processes():
+            if p not in self._procs and now - self._last_beat.get(p, now) > limit:
+                dead.append(p)  # _on_death ignores a process already down
+
+    def _on_death(self, process: str) -> None:
+        if self._closing or process in self._down:
+            return
+        self._down.add(process)
+        self._healthy.clear()
+        stages = self.graph.groups[group_of(process)].stages
+        sock = self.peers.pop(process, None)
+        if sock is not None:
+            sock.close(linger=0)
+        for p in self.graph.processes():
+            if p not in self._down:
+                self._send(p, m.PeerDown(process))
+        self.outlet.pool.reclaim(process)
+        self.inlet.forget(process, self.owner_pid)
+        unlink_segments(segment_name(self.owner_pid, process, ""))
+        error = StageDied(
+            f"stage process {process} ({', '.join(stages)}) died while the request needed it"
+        )
+        for req in list(self._requests.values()):
+            if req.abort_waiting is not None:
+                req.abort_waiting.difference_update(stages)
+                self._check_abort(req)
+            elif process in self._route_processes(req.route) and not set(stages) <= req.done:
+                self._fail(req, error)
+        self._credit.set()
+        if process in self._procs and self.cfg.runtime.restart_stages:
+            self._track(self._restart(process))
+
+    async def _restart(self, process: str) -> None:
+        self._procs[process].wait()  # reap it: it is dead, this returns at once
+        self.epochs[process] += 1
+        self._ready[process] = self.loop.create_future()
+        try:
+            self._spawn(process)
+            await self._wait_ready([process], self.cfg.runtime.ready_timeout_s)
+        except StartupError as e:
+            self._broken[process] = str(e)
+            self._credit.set()
+            return
+        await self._peer_up(process)
+
+    async def _peer_up(self, process: str) -> None:
+        """Tell every other process that `process` is back, then take requests again."""
+        others = [p for p in self.graph.processes() if p != process and p not in self._down]
+        self._peer_up_waiting[process] = set(others)
+        self._peer_up_done[process] = self.loop.create_future()
+        for p in others:
+            self._send(p, m.PeerUp(process, self.epochs[process]))
+        if others:
+            await asyncio.wait_for(self._peer_up_done[process], self.cfg.runtime.ready_timeout_s)
+        self._down.discard(process)
+        if not self._down:
+            self._healthy.set()
+        self._credit.set()
+
+    def _track(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- introspection -----------------------------------------------------------------
+
+    async def stats(self, timeout: float = 5.0) -> dict[str, m.Stats]:
+        """Every live process's slots, active requests and segments."""
+        token = next(self._tokens)
+        live = [p for p in self.graph.processes() if p not in self._down]
+        fut: asyncio.Future[dict[str, m.Stats]] = self.loop.create_future()
+        self._stats_waiters[token] = (set(live), {}, fut)
+        for p in live:
+            self._send(p, m.StatsRequest(token))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            del self._stats_waiters[token]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    def pid_of(self, process: str) -> int | None:
+        proc = self._procs.get(process)
+        return proc.pid if proc is not None else None

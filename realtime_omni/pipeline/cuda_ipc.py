@@ -1,0 +1,82 @@
+"""CUDA IPC slot pools: GPU-to-GPU payloads between processes on one machine.
+
+The one module of `pipeline/` that imports torch, and only when an edge moves CUDA tensors (the
+relay imports it lazily), so CPU-only deployments never load torch here.
+
+The sender allocates one buffer of `slots * slot_bytes` on its GPU and shares its IPC handle once
+(pickled: it is a handle, not a payload); each payload is a device-to-device copy into its slot,
+then a stream synchronisation, then the control message. The receiver maps the buffer once and
+views the slot; it copies what it keeps (to its own device) before it acknowledges.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import reduce_tensor
+
+from realtime_omni.pipeline.messages import ArrayRef
+
+_ALIGN = 256
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"unknown torch dtype {name!r}")
+    return dt
+
+
+class CudaSlots:
+    def __init__(self, device: torch.device, slots: int, slot_bytes: int, pool_id: str) -> None:
+        self.device = torch.device(device)
+        self.slot_bytes = slot_bytes
+        self.buffer = torch.empty(slots * slot_bytes, dtype=torch.uint8, device=self.device)
+        self.pool_id = pool_id
+        self.handle = pickle.dumps(reduce_tensor(self.buffer))
+
+    def write(self, slot: int, arrays: dict[str, Any]) -> list[ArrayRef]:
+        refs = []
+        offset = slot * self.slot_bytes
+        with torch.cuda.device(self.device):
+            for name, t in arrays.items():
+                n = t.numel() * t.element_size()
+                dst = self.buffer[offset : offset + n].view(t.dtype).view(t.shape)
+                dst.copy_(t, non_blocking=True)
+                dtype = str(t.dtype).removeprefix("torch.")
+                refs.append(ArrayRef(name, dtype, tuple(t.shape), -1, offset, n))
+                offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+            torch.cuda.current_stream().synchronize()
+        return refs
+
+
+class _OpenPool:
+    def __init__(self, handle: bytes) -> None:
+        rebuild, args = pickle.loads(handle)
+        self.buffer: torch.Tensor = rebuild(*args)
+
+    def view(self, ref: ArrayRef) -> torch.Tensor:
+        raw = self.buffer[ref.offset : ref.offset + ref.nbytes]
+        return raw.view(_torch_dtype(ref.dtype)).view(ref.shape)
+
+
+def open_pool(handle: bytes) -> _OpenPool:
+    return _OpenPool(handle)
+
+
+def can_access(src: torch.device, dst: str) -> bool:
+    """Whether CUDA IPC works between two devices of this machine (else use shared memory)."""
+    a, b = torch.device(src).index or 0, torch.device(dst).index or 0
+    return a == b or torch.cuda.can_device_access_peer(a, b)
+
+
+def to_numpy(t: torch.Tensor) -> Any:
+    """A CPU numpy copy of a tensor, bfloat16 included (as ml_dtypes.bfloat16)."""
+    import ml_dtypes
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()

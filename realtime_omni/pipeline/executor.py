@@ -1,0 +1,90 @@
+"""The contract between a stage and its model code.
+
+An executor is the model call of one stage. It knows tensors, not sockets: the stage loop hands
+it inputs and asks it to step; whatever it returns as `Emit`s the loop routes downstream. Every
+call is made from the stage's single loop thread, so an executor needs no locks.
+
+Lifecycle of a request in one stage:
+    add_request(rid, inputs)         once, when the inputs named by `wait_for` arrived
+    add_item(rid, src, item)         for each item streamed in (only after add_request)
+    end_stream(rid, src)             when a streaming source is done
+    step() -> [Emit, ...]            called while has_work(); one step for the active requests
+    abort(rid)                       at any time: drop everything held for rid
+
+Arrays in `inputs` and `item` are read-only views valid only during the call: copy what you keep.
+An `Emit` with `done=True` is the request's last here: its streams close and its state is gone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from realtime_omni.errors import ConfigError, RequestError
+
+Payload = dict[str, Any]
+
+
+@dataclass
+class Emit:
+    request_id: str
+    data: Payload | None = None  # None: nothing to send (e.g. only `done`)
+    to: str | None = None  # a downstream stage (or "client"); None: every downstream edge
+    done: bool = False
+
+
+@dataclass
+class StageContext:
+    """What an executor learns of its place in the graph."""
+
+    stage: str
+    device: str
+    params: dict[str, Any]
+    model: dict[str, Any]  # the config's model section
+    downstream: list[str] = field(default_factory=list)
+    upstream: list[str] = field(default_factory=list)
+
+
+class Executor(Protocol):
+    def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None: ...
+
+    def add_item(self, request_id: str, src: str, item: Payload) -> None: ...
+
+    def end_stream(self, request_id: str, src: str) -> None: ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[Emit]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+
+class ExecutorError(RequestError):
+    """Raised by an executor for one request; the stage fails that request only."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+EXECUTORS: dict[str, str] = {
+    "simulated": "realtime_omni.pipeline.simulated:SimulatedExecutor",
+}
+
+
+def load_executor(spec: str, ctx: StageContext) -> Executor:
+    target = EXECUTORS.get(spec, spec)
+    if ":" not in target:
+        raise ConfigError(
+            f"stages.{ctx.stage}.executor = {spec!r}: unknown executor. "
+            f"Fix: use one of {sorted(EXECUTORS)} or 'package.module:Class'"
+        )
+    module, _, name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(
+            f"stages.{ctx.stage}.executor = {spec!r}: cannot import {target}: {e}"
+        ) from None
+    return cls(ctx)

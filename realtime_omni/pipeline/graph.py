@@ -1,0 +1,151 @@
+"""The stage graph derived from a validated config: edges with their transports, process groups,
+and the socket endpoint of every process. Pure data, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from realtime_omni.errors import ConfigError
+from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.messages import CLIENT
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    kind: Literal["once", "stream"]
+    transport: str  # reference | inline | shm | cuda_ipc | tcp
+    slots: int  # credits: payloads in flight on this edge at most
+    slot_bytes: int  # largest payload; shm and cuda_ipc slots are this big
+
+    @property
+    def key(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    name: str
+    stages: tuple[str, ...]
+    host: str | None
+    replicas: int
+    threads: int
+    devices: tuple[str, ...]
+
+    def process_names(self) -> list[str]:
+        return [f"{self.name}#{i}" for i in range(self.replicas)]
+
+
+def group_of(process: str) -> str:
+    return process.rsplit("#", 1)[0]
+
+
+class Graph:
+    def __init__(self, cfg: PipelineConfig) -> None:
+        self.cfg = cfg
+        self.entry = cfg.entry
+        self.stages = cfg.stages
+        self.process_of: dict[str, str] = {n: s.process or n for n, s in cfg.stages.items()}
+        self.process_of[CLIENT] = CLIENT
+        self.host_of: dict[str, str | None] = {n: s.host for n, s in cfg.stages.items()}
+        self.host_of[CLIENT] = None
+
+        groups: dict[str, list[str]] = {}
+        for n in cfg.stages:
+            groups.setdefault(self.process_of[n], []).append(n)
+        self.groups = {
+            g: ProcessGroup(
+                name=g,
+                stages=tuple(ss),
+                host=cfg.stages[ss[0]].host,
+                replicas=cfg.stages[ss[0]].replicas,
+                threads=max(cfg.stages[s].threads for s in ss),
+                devices=tuple(sorted({cfg.stages[s].device for s in ss})),
+            )
+            for g, ss in groups.items()
+        }
+
+        overrides = {(e.src, e.dst): e for e in cfg.edges}
+        rt = cfg.runtime
+        pairs: list[tuple[str, str, Literal["once", "stream"]]] = [(CLIENT, cfg.entry, "once")]
+        for n, s in cfg.stages.items():
+            pairs += [(n, d, "once") for d in s.next]
+            pairs += [(n, d, "stream") for d in s.stream_to]
+            if s.terminal:
+                pairs.append((n, CLIENT, "stream"))
+        self.edges: list[Edge] = []
+        for src, dst, kind in pairs:
+            o = overrides.get((src, dst))
+            transport = o.transport if o else "auto"
+            if transport == "auto":
+                transport = self._auto_transport(src, dst)
+            elif transport == "tcp" and self.host_of[src] == self.host_of[dst]:
+                raise ConfigError(
+                    f"edges: {src}->{dst} transport = 'tcp': both stages are on one host. "
+                    "Fix: tcp is for edges across hosts; use inline or shm on one host"
+                )
+            self.edges.append(
+                Edge(
+                    src=src,
+                    dst=dst,
+                    kind=kind,
+                    transport=transport,
+                    slots=(o.slots if o and o.slots else rt.default_slots),
+                    slot_bytes=(o.slot_bytes if o and o.slot_bytes else rt.default_slot_bytes),
+                )
+            )
+        self.out_edges: dict[str, list[Edge]] = {n: [] for n in [*cfg.stages, CLIENT]}
+        self.in_edges: dict[str, list[Edge]] = {n: [] for n in [*cfg.stages, CLIENT]}
+        for e in self.edges:
+            self.out_edges[e.src].append(e)
+            self.in_edges[e.dst].append(e)
+        self.wait_for: dict[str, tuple[str, ...]] = {}
+        for n, s in cfg.stages.items():
+            once_in = [e.src for e in self.in_edges[n] if e.kind == "once"]
+            self.wait_for[n] = tuple(s.wait_for if s.wait_for is not None else once_in)
+        self.terminals = tuple(n for n, s in cfg.stages.items() if s.terminal)
+        self.use_tcp = bool(cfg.hosts)
+
+    def _auto_transport(self, src: str, dst: str) -> str:
+        if self.process_of[src] == self.process_of[dst]:
+            return "reference"
+        if self.host_of[src] != self.host_of[dst]:
+            return "tcp"
+        devs = [self.stages[s].device if s != CLIENT else "cpu" for s in (src, dst)]
+        if all(d.startswith("cuda") for d in devs):
+            return "cuda_ipc"
+        return "shm"
+
+    def edge(self, src: str, dst: str) -> Edge:
+        for e in self.out_edges[src]:
+            if e.dst == dst:
+                return e
+        raise KeyError(f"{src}->{dst}")
+
+    def processes(self) -> list[str]:
+        """Every stage process to run, named `group#replica`."""
+        return [p for g in self.groups.values() for p in g.process_names()]
+
+    def local_processes(self) -> list[str]:
+        return [p for g in self.groups.values() if g.host is None for p in g.process_names()]
+
+    def endpoint(self, process: str, epoch: int, ipc_dir: Path) -> str:
+        """The inbox address of `process` (or of the coordinator, `client`).
+
+        On one machine: an ipc:// socket whose path carries the incarnation, so messages queued
+        for a dead incarnation never reach its successor. Across hosts: fixed TCP ports.
+        """
+        if not self.use_tcp:
+            name = "client" if process == CLIENT else f"{process}.{epoch}"
+            return f"ipc://{ipc_dir}/{name}.sock"
+        rt = self.cfg.runtime
+        if process == CLIENT:
+            port, host = rt.base_port, rt.bind_host
+        else:
+            port = rt.base_port + 1 + self.processes().index(process)
+            h = self.groups[group_of(process)].host
+            host = self.cfg.hosts[h].address if h else rt.bind_host
+        return f"tcp://{host}:{port}"

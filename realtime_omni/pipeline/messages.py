@@ -1,0 +1,171 @@
+"""Every control-plane message of the runtime, as msgspec structs.
+
+A message travels as one ZMQ multipart message: frame 0 is the msgpack-encoded struct, and the
+frames after it are raw array buffers for payloads sent inline (`ArrayRef.frame` points at them).
+
+Addresses: stages are named by the config; the caller side (the coordinator) is the pseudo
+stage `CLIENT`. A process is named by its config name plus replica index, e.g. `gpu0#0`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+CLIENT = "client"
+
+
+class ArrayRef(msgspec.Struct, array_like=True):
+    """Where one array of a payload lives and how to view it.
+
+    `frame` >= 1 is an inline ZMQ frame; otherwise the bytes sit at `offset` in the slot
+    named by the enclosing `DataReady` (shared memory or CUDA IPC).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    frame: int = -1
+    offset: int = 0
+    nbytes: int = 0
+
+
+class DataReady(msgspec.Struct, tag=True):
+    """A payload on edge `src -> dst` for one request. The receiver answers `DataAck` once
+    it no longer needs the bytes (the slot, if any, then returns to the sender's pool)."""
+
+    request_id: str
+    src: str
+    dst: str
+    src_process: str
+    slot: int
+    meta: dict[str, Any]
+    arrays: list[ArrayRef]
+    route: dict[str, int]  # process group -> replica index, fixed per request
+    transport: str  # "inline" | "shm" | "cuda_ipc"
+    segment: str = ""  # shm segment name, or CUDA IPC pool id
+    handle: bytes = b""  # CUDA IPC pool handle, read once per pool by the receiver
+
+
+class DataAck(msgspec.Struct, tag=True):
+    """Returns `slot` of edge `src -> dst` to the sender (`src` is the sending stage)."""
+
+    src: str
+    dst: str
+    slot: int
+
+
+class StreamEnd(msgspec.Struct, tag=True):
+    """No more items for `request_id` on edge `src -> dst`."""
+
+    request_id: str
+    src: str
+    dst: str
+    route: dict[str, int]
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class AbortAck(msgspec.Struct, tag=True):
+    """Sent by a stage once it dropped the request and every slot it lent for it came back."""
+
+    request_id: str
+    stage: str
+    process: str
+
+
+class StageDone(msgspec.Struct, tag=True):
+    """The stage finished with the request; a death of the stage no longer concerns it."""
+
+    request_id: str
+    stage: str
+    process: str
+
+
+class StageError(msgspec.Struct, tag=True):
+    """A per-request failure inside a stage (the stage itself lives on)."""
+
+    request_id: str
+    stage: str
+    message: str
+
+
+class Ready(msgspec.Struct, tag=True):
+    process: str
+    epoch: int
+    pid: int
+
+
+class Heartbeat(msgspec.Struct, tag=True):
+    process: str
+    epoch: int
+
+
+class PeerDown(msgspec.Struct, tag=True):
+    """`process` died: reclaim every slot lent to it, forget what it lent you."""
+
+    process: str
+
+
+class PeerUp(msgspec.Struct, tag=True):
+    """`process` is back as incarnation `epoch`; answer with `PeerUpAck`."""
+
+    process: str
+    epoch: int
+
+
+class PeerUpAck(msgspec.Struct, tag=True):
+    process: str  # who acknowledges
+    peer: str
+
+
+class StatsRequest(msgspec.Struct, tag=True):
+    token: int
+
+
+class Stats(msgspec.Struct, tag=True):
+    """A process's bookkeeping, for tests and health pages."""
+
+    token: int
+    process: str
+    free_slots: dict[str, int]  # "src->dst" -> free credits
+    total_slots: dict[str, int]
+    active_requests: dict[str, int]  # stage -> requests holding state
+    segments: list[str]
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+Message = (
+    DataReady
+    | DataAck
+    | StreamEnd
+    | Abort
+    | AbortAck
+    | StageDone
+    | StageError
+    | Ready
+    | Heartbeat
+    | PeerDown
+    | PeerUp
+    | PeerUpAck
+    | StatsRequest
+    | Stats
+    | Shutdown
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(frame: bytes | memoryview) -> Message:
+    return _decoder.decode(frame)

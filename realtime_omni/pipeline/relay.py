@@ -1,0 +1,248 @@
+"""Moving payloads along one edge: the sender's `Outlet` and the receiver's `Inlet`.
+
+A payload is a dict: numpy arrays (any dtype, bfloat16 via ml_dtypes) move as raw bytes with
+their dtype and shape, never pickled; every other value is small metadata carried in the control
+message (msgpack: numbers, strings, bytes, lists, dicts). CUDA tensors move on `cuda_ipc` edges.
+
+Transports (chosen per edge by `Graph`):
+- reference: same process, the dict itself is handed over (the worker does it; no packing);
+- inline / tcp: arrays ride as extra ZMQ frames of the control message;
+- shm: arrays are copied into a slot of a segment the sender owns; payloads up to
+  `inline_max_bytes` still ride inline;
+- cuda_ipc: CUDA tensors are copied into a slot of a GPU pool the sender owns.
+
+Every payload takes one credit of the edge's `SlotPool`, whatever the transport; the receiver's
+`DataAck` gives it back. Arrays the receiver gets from a slot are read-only views, valid until it
+acknowledges: an executor copies what it keeps beyond the call that received it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import cache
+from typing import Any
+
+import ml_dtypes
+import msgspec
+import numpy as np
+
+from realtime_omni.errors import PayloadTooLarge, RequestError
+from realtime_omni.pipeline.graph import Edge
+from realtime_omni.pipeline.messages import ArrayRef, DataReady
+from realtime_omni.pipeline.shm import Segment, segment_name
+from realtime_omni.pipeline.slots import SlotPool
+
+Payload = dict[str, Any]
+ALIGN = 64
+
+
+@cache
+def dtype_of(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _is_cuda(x: Any) -> bool:
+    return getattr(x, "is_cuda", False) is True
+
+
+def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata, arrays) of a payload."""
+    meta, arrays = {}, {}
+    for k, v in payload.items():
+        if isinstance(v, np.ndarray) or _is_cuda(v):
+            if isinstance(v, np.ndarray) and v.dtype.hasobject:
+                raise RequestError(f"payload array {k!r} has dtype object; it cannot be moved")
+            arrays[k] = v
+        else:
+            meta[k] = v
+    return meta, arrays
+
+
+def payload_nbytes(payload: Payload) -> int:
+    return sum(_aligned(v.nbytes) for v in split_payload(payload)[1].values())
+
+
+class Outlet:
+    """The sending end of one edge in one process: credits, and the memory behind them."""
+
+    def __init__(
+        self,
+        edge: Edge,
+        process: str,
+        epoch: int,
+        owner_pid: int,
+        inline_max_bytes: int,
+        dst_device: str = "cpu",
+    ) -> None:
+        self.edge = edge
+        self.dst_device = dst_device
+        self.process = process
+        self.pool = SlotPool(edge.slots)
+        self.inline_max_bytes = inline_max_bytes
+        self._segment_name = segment_name(owner_pid, process, epoch, edge.src, edge.dst)
+        self.segment: Segment | None = None
+        self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
+
+    def acquire(self, request_id: str, peer: str) -> int | None:
+        return self.pool.acquire(request_id, peer)
+
+    def pack(
+        self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
+    ) -> tuple[DataReady, list[Any]]:
+        """The control message and its frames for `payload` in `slot`. On error the slot is
+        released and the error raised."""
+        try:
+            return self._pack(request_id, slot, payload, route)
+        except BaseException:
+            self.pool.release(slot)
+            raise
+
+    def _pack(
+        self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
+    ) -> tuple[DataReady, list[Any]]:
+        meta, arrays = split_payload(payload)
+        total = sum(_aligned(a.nbytes) for a in arrays.values())
+        e = self.edge
+        msg = DataReady(
+            request_id=request_id,
+            src=e.src,
+            dst=e.dst,
+            src_process=self.process,
+            slot=slot,
+            meta=meta,
+            arrays=[],
+            route=route,
+            transport="inline",
+        )
+        frames: list[Any] = []
+        if arrays and total > e.slot_bytes and e.transport in ("shm", "cuda_ipc"):
+            raise PayloadTooLarge(
+                f"a payload of {total} bytes on edge {e.key} exceeds its slot of {e.slot_bytes} "
+                f"bytes. Fix: add {{src: {e.src}, dst: {e.dst}, slot_bytes: {total}}} (or more) "
+                "to the config's edges"
+            )
+        cuda = [a for a in arrays.values() if _is_cuda(a)]
+        if cuda and e.transport == "cuda_ipc" and self.cuda is None:
+            from realtime_omni.pipeline.cuda_ipc import CudaSlots, can_access, to_numpy
+
+            if can_access(cuda[0].device, self.dst_device):
+                self.cuda = CudaSlots(cuda[0].device, e.slots, e.slot_bytes, self._segment_name)
+            else:  # the GPUs cannot reach each other: stage through shared memory
+                arrays = {k: to_numpy(v) if _is_cuda(v) else v for k, v in arrays.items()}
+                cuda = []
+        if cuda and (e.transport != "cuda_ipc" or len(cuda) != len(arrays)):
+            raise RequestError(
+                f"edge {e.key} ({e.transport}) got CUDA tensors; move them to the CPU as numpy "
+                "arrays in the executor, or place both stages on cuda devices"
+            )
+        if cuda:
+            msg.transport, msg.segment, msg.handle = "cuda_ipc", self.cuda.pool_id, self.cuda.handle
+            msg.arrays = self.cuda.write(slot, arrays)
+        elif e.transport in ("shm", "cuda_ipc") and total > self.inline_max_bytes:
+            if self.segment is None:
+                self.segment = Segment(self._segment_name, e.slots * e.slot_bytes, create=True)
+            msg.transport, msg.segment = "shm", self.segment.name
+            offset = slot * e.slot_bytes
+            for name, a in arrays.items():
+                view = np.frombuffer(self.segment.buf, a.dtype, a.size, offset).reshape(a.shape)
+                np.copyto(view, a)
+                msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, -1, offset, a.nbytes))
+                offset += _aligned(a.nbytes)
+        else:
+            for name, a in arrays.items():
+                frames.append(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+                msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, len(frames), 0, a.nbytes))
+        return msg, frames
+
+    def close(self) -> None:
+        if self.segment is not None:
+            self.segment.close()
+            self.segment.unlink()
+            self.segment = None
+        self.cuda = None
+
+
+class Inlet:
+    """The receiving end of every edge into one process: maps senders' segments on first use."""
+
+    def __init__(self, max_segments: int = 1024) -> None:
+        # Bounded: one entry per (sender incarnation, edge); `forget` drops a dead sender's.
+        self._segments: OrderedDict[str, Segment] = OrderedDict()
+        self._cuda: OrderedDict[str, Any] = OrderedDict()
+        self.max_segments = max_segments
+
+    def open(self, msg: DataReady, frames: list[Any]) -> Payload:
+        """The payload of `msg`; arrays are read-only and valid until the message is acked."""
+        payload: Payload = dict(msg.meta)
+        if msg.transport == "cuda_ipc":
+            pool = self._cuda.get(msg.segment)
+            if pool is None:
+                from realtime_omni.pipeline.cuda_ipc import open_pool
+
+                pool = self._cache(self._cuda, msg.segment, open_pool(msg.handle))
+            for ref in msg.arrays:
+                payload[ref.name] = pool.view(ref)
+            return payload
+        if msg.transport == "shm":
+            seg = self._segments.get(msg.segment)
+            if seg is None:
+                seg = self._cache(self._segments, msg.segment, Segment(msg.segment))
+            for ref in msg.arrays:
+                dt = dtype_of(ref.dtype)
+                count = ref.nbytes // dt.itemsize
+                a = np.frombuffer(seg.buf, dt, count, ref.offset).reshape(ref.shape)
+                a.flags.writeable = False
+                payload[ref.name] = a
+            return payload
+        for ref in msg.arrays:
+            buf = frames[ref.frame]
+            buf = getattr(buf, "buffer", buf)
+            a = np.frombuffer(buf, dtype_of(ref.dtype)).reshape(ref.shape)
+            a.flags.writeable = False
+            payload[ref.name] = a
+        return payload
+
+    def _cache(self, table: OrderedDict[str, Any], key: str, value: Any) -> Any:
+        table[key] = value
+        if len(table) > self.max_segments:
+            _, old = table.popitem(last=False)
+            if isinstance(old, Segment):
+                old.close()
+        return value
+
+    def forget(self, process: str, owner_pid: int) -> None:
+        """Drop the mappings of segments made by `process` (it died or restarted)."""
+        prefix = segment_name(owner_pid, process, "")
+        for table in (self._segments, self._cuda):
+            for name in [n for n in table if n.startswith(prefix)]:
+                old = table.pop(name)
+                if isinstance(old, Segment):
+                    old.close()
+
+    def close(self) -> None:
+        for seg in self._segments.values():
+            seg.close()
+        self._segments.clear()
+        self._cuda.clear()
+
+
+def copy_payload(payload: Payload) -> Payload:
+    """A payload whose arrays the caller owns (writable copies of slot views)."""
+    return {
+        k: (np.array(v) if isinstance(v, np.ndarray) else v.clone() if _is_cuda(v) else v)
+        for k, v in payload.items()
+    }
+
+
+def check_meta(meta: dict[str, Any], edge: str) -> None:
+    try:
+        msgspec.msgpack.encode(meta)
+    except TypeError as e:
+        raise RequestError(f"payload on edge {edge}: {e}; metadata must be plain values") from None

@@ -1,0 +1,193 @@
+"""Simulated executors: correctly shaped payloads after a configured time per step, so a whole
+model graph runs on a CPU with GPU-like timings (`configs/simulated-qwen3-omni.yaml`).
+
+One class, four roles, chosen by `params.role`:
+
+- transform: one input set -> one output per downstream stage, after `first_step_ms`
+  (preprocessing, encoders);
+- generate: one input set -> a stream of `items` outputs (or the request's `max_tokens`), the
+  first after `first_step_ms` (prefill), then one per `step_ms` (the thinker);
+- follow: a streamed input -> `per_input` outputs per input item, the first after
+  `first_step_ms`, then one per `step_ms`; it never runs ahead of its input (the talker);
+- chunk: a streamed input -> one output per chunk of input items, `first_chunk` items first,
+  then `chunk`; a chunk costs `step_ms` per item (code2wav, text decode).
+
+`outputs` maps a downstream stage (or `"*"`) to the arrays it gets: `{name: [dtype, shape]}`,
+where a shape entry "n" stands for the items in the chunk. Every output carries `token_time`
+(the monotonic time of the generated item it derives from) and `index`. A step serves every
+active request at once, as a batched GPU step would; time passes in `time.sleep`, so a
+simulated stage does not load the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from realtime_omni.errors import ConfigError
+from realtime_omni.pipeline.executor import Emit, StageContext
+from realtime_omni.pipeline.relay import dtype_of
+
+Payload = dict[str, Any]
+ROLES = ("transform", "generate", "follow", "chunk")
+
+
+@dataclass
+class _Req:
+    meta: dict[str, Any]
+    total: int | None = None  # items to make (generate), known at start
+    made: int = 0
+    inputs: list[float] = field(default_factory=list)  # token_time of each input item
+    ended: bool = False
+    first_done: bool = False
+
+
+class SimulatedExecutor:
+    def __init__(self, ctx: StageContext) -> None:
+        p = ctx.params
+        self.stage = ctx.stage
+        self.role = p.get("role", "transform")
+        if self.role not in ROLES:
+            raise ConfigError(
+                f"stages.{ctx.stage}.params.role = {self.role!r}: unknown. Fix: one of {ROLES}"
+            )
+        self.step_s = float(p.get("step_ms", 0.0)) / 1000
+        self.first_step_s = float(p.get("first_step_ms", p.get("step_ms", 0.0))) / 1000
+        self.items = int(p.get("items", 16))
+        self.per_input = float(p.get("per_input", 1.0))
+        self.first_chunk = int(p.get("first_chunk", 1))
+        self.chunk = int(p.get("chunk", 1))
+        self.targets = ctx.downstream
+        self.outputs: dict[str, dict[str, tuple[str, list[Any]]]] = p.get("outputs", {})
+        self.reqs: dict[str, _Req] = {}
+        self._arrays: dict[tuple[str, str, int], np.ndarray] = {}
+
+    # ---- executor contract ---------------------------------------------------------------
+
+    def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
+        meta: dict[str, Any] = {}
+        for payload in inputs.values():
+            meta.update({k: v for k, v in payload.items() if not isinstance(v, np.ndarray)})
+        total = int(meta.get("max_tokens", self.items)) if self.role == "generate" else None
+        self.reqs[request_id] = _Req(meta=meta, total=total)
+
+    def add_item(self, request_id: str, src: str, item: Payload) -> None:
+        self.reqs[request_id].inputs.append(float(item.get("token_time", time.monotonic())))
+
+    def end_stream(self, request_id: str, src: str) -> None:
+        self.reqs[request_id].ended = True
+
+    def abort(self, request_id: str) -> None:
+        self.reqs.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return any(self._due(r) for r in self.reqs.values())
+
+    def step(self) -> list[Emit]:
+        fresh = [rid for rid, r in self.reqs.items() if self._due(r) and not r.first_done]
+        if fresh and self.role in ("generate", "transform"):
+            # A new request's first step (prefill) runs on its own, as in a real engine.
+            time.sleep(self.first_step_s)
+            batch = fresh
+        else:
+            batch = [rid for rid, r in self.reqs.items() if self._due(r)]
+            first = any(not self.reqs[rid].first_done for rid in batch)
+            time.sleep(self._cost(batch, first))
+        emits: list[Emit] = []
+        for rid in batch:
+            emits += self._produce(rid)
+        return emits
+
+    # ---- roles ---------------------------------------------------------------------------
+
+    def _due(self, r: _Req) -> int:
+        """How many input items the next output of this request consumes (0: nothing to do)."""
+        if self.role == "transform":
+            return 1
+        if self.role == "generate":
+            return 1 if r.made < (r.total or 0) or not r.first_done else 0
+        if self.role == "follow":
+            allowed = len(r.inputs) * self.per_input
+            target = math.ceil(allowed) if r.ended else math.floor(allowed)
+            return 1 if r.made < target or (r.ended and not r.first_done) else 0
+        size = self.first_chunk if r.made == 0 else self.chunk
+        left = len(r.inputs) - self._consumed(r)
+        if left >= size:
+            return size
+        return max(left, 1) if r.ended else 0
+
+    def _consumed(self, r: _Req) -> int:
+        if r.made == 0:
+            return 0
+        return self.first_chunk + (r.made - 1) * self.chunk
+
+    def _cost(self, batch: list[str], first: bool) -> float:
+        if self.role == "chunk":
+            return self.step_s * max(self._due(self.reqs[rid]) for rid in batch)
+        return self.first_step_s if first else self.step_s
+
+    def _produce(self, rid: str) -> list[Emit]:
+        r = self.reqs[rid]
+        r.first_done = True
+        if self.role == "transform":
+            del self.reqs[rid]
+            return [*self._emits(rid, r.meta, 1), Emit(rid, done=True)]
+        if self.role == "generate":
+            if not r.total:
+                del self.reqs[rid]
+                return [Emit(rid, done=True)]
+            meta = {"token_time": time.monotonic(), "index": r.made, "token_id": r.made % 1000}
+            r.made += 1
+            out = self._emits(rid, meta, 1)
+            if r.made >= r.total:
+                del self.reqs[rid]
+                out.append(Emit(rid, done=True))
+            return out
+        if self.role == "follow":
+            src = min(int(r.made / self.per_input), len(r.inputs) - 1)
+            if src < 0:  # the input ended empty
+                del self.reqs[rid]
+                return [Emit(rid, done=True)]
+            meta = {"token_time": r.inputs[src], "index": r.made}
+            r.made += 1
+            out = self._emits(rid, meta, 1)
+            if r.ended and r.made >= math.ceil(len(r.inputs) * self.per_input):
+                del self.reqs[rid]
+                out.append(Emit(rid, done=True))
+            return out
+        start, n = self._consumed(r), self._due(r)
+        n = min(n, len(r.inputs) - start)
+        out = []
+        if n > 0:
+            meta = {"token_time": r.inputs[start], "index": r.made, "items": n}
+            r.made += 1
+            out = self._emits(rid, meta, n)
+        if r.ended and self._consumed(r) >= len(r.inputs):
+            del self.reqs[rid]
+            out.append(Emit(rid, done=True))
+        return out
+
+    def _emits(self, rid: str, meta: dict[str, Any], n: int) -> list[Emit]:
+        emits = []
+        for target in self.targets:
+            spec = self.outputs.get(target, self.outputs.get("*", {}))
+            payload: Payload = dict(meta)
+            for name, (dtype, shape) in spec.items():
+                payload[name] = self._array(dtype, tuple(n if d == "n" else d for d in shape))
+            emits.append(Emit(rid, payload, to=target))
+        return emits
+
+    def _array(self, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = (dtype, str(shape), 0)
+        a = self._arrays.get(key)
+        if a is None:
+            if len(self._arrays) > 64:  # chunk sizes vary only a little; keep the cache small
+                self._arrays.clear()
+            a = np.ones(shape, dtype=dtype_of(dtype))
+            a.flags.writeable = False
+            self._arrays[key] = a
+        return a

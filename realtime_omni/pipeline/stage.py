@@ -1,0 +1,148 @@
+"""One stage's request bookkeeping: fan-in, buffering, finish and abort. No sockets, no threads.
+
+The worker feeds it what arrives (`on_data`, `on_end`) with a `release` callback per payload that
+acknowledges it upstream. A payload is released right after the executor call that consumed it,
+or when the request is aborted; a request that is closed here (finished or aborted) has every
+late payload released at once and dropped.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from realtime_omni.pipeline.executor import Emit, Executor
+
+Release = Callable[[], None]
+Payload = dict[str, Any]
+
+
+@dataclass
+class _Pending:
+    once: dict[str, tuple[Payload, Release]] = field(default_factory=dict)
+    items: list[tuple[str, Payload, Release]] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+
+
+class Stage:
+    # Ids of closed requests remembered so late payloads are dropped; bounded, oldest forgotten
+    # first (a payload that late finds no state and starts nothing it can finish).
+    MAX_CLOSED = 8192
+
+    def __init__(self, name: str, executor: Executor, wait_for: tuple[str, ...]) -> None:
+        self.name = name
+        self.executor = executor
+        self.wait_for = wait_for
+        self.pending: dict[str, _Pending] = {}
+        self.started: set[str] = set()
+        self.closed: OrderedDict[str, None] = OrderedDict()
+        self.failures: list[tuple[str, str]] = []  # (request_id, message); the worker drains it
+
+    @property
+    def active(self) -> int:
+        return len(self.pending) + len(self.started)
+
+    def holds(self, rid: str) -> bool:
+        return rid in self.pending or rid in self.started
+
+    def on_data(self, rid: str, src: str, payload: Payload, release: Release, once: bool) -> None:
+        if rid in self.closed:
+            release()
+            return
+        if rid in self.started:
+            self._call(rid, self.executor.add_item, rid, src, payload)
+            release()
+            return
+        p = self.pending.setdefault(rid, _Pending())
+        if once:
+            p.once[src] = (payload, release)
+        else:
+            p.items.append((src, payload, release))
+        self._maybe_start(rid)
+
+    def on_end(self, rid: str, src: str) -> None:
+        if rid in self.closed:
+            return
+        if rid in self.started:
+            self._call(rid, self.executor.end_stream, rid, src)
+            return
+        self.pending.setdefault(rid, _Pending()).ended.append(src)
+        self._maybe_start(rid)
+
+    def _maybe_start(self, rid: str) -> None:
+        p = self.pending[rid]
+        if not all(w in p.once for w in self.wait_for):
+            return
+        del self.pending[rid]
+        self.started.add(rid)
+        first = {s: p.once.pop(s) for s in self.wait_for}
+        ok = self._call(rid, self.executor.add_request, rid, {s: v[0] for s, v in first.items()})
+        for _, rel in first.values():
+            rel()
+        # Once-inputs outside wait_for and items that came early follow in arrival order.
+        later = [(s, pl, rel) for s, (pl, rel) in p.once.items()] + p.items
+        for s, payload, rel in later:
+            if ok and rid in self.started:
+                ok = self._call(rid, self.executor.add_item, rid, s, payload)
+            rel()
+        for s in p.ended:
+            if ok and rid in self.started:
+                ok = self._call(rid, self.executor.end_stream, rid, s)
+
+    def step(self) -> list[Emit]:
+        try:
+            return self.executor.step()
+        except Exception as e:
+            rid = getattr(e, "request_id", None)
+            victims = [rid] if rid in self.started else sorted(self.started)
+            for r in victims:
+                self.fail(r, _describe(e))
+            return []
+
+    def finish(self, rid: str) -> None:
+        """The executor emitted `done` for rid."""
+        self.started.discard(rid)
+        self._close(rid)
+
+    def abort(self, rid: str) -> None:
+        p = self.pending.pop(rid, None)
+        if p is not None:
+            for _, rel in p.once.values():
+                rel()
+            for _, _, rel in p.items:
+                rel()
+        if rid in self.started:
+            self.started.discard(rid)
+            try:
+                self.executor.abort(rid)
+            except Exception as e:
+                self.failures.append((rid, f"abort failed: {_describe(e)}"))
+        self._close(rid)
+
+    def fail(self, rid: str, message: str) -> None:
+        """The request failed here: drop it and report it (the coordinator then aborts it)."""
+        self.failures.append((rid, message))
+        self.abort(rid)
+
+    def _call(self, rid: str, fn: Callable[..., Any], *args: Any) -> bool:
+        try:
+            fn(*args)
+            return True
+        except Exception as e:
+            self.fail(rid, _describe(e))
+            return False
+
+    def _close(self, rid: str) -> None:
+        self.closed[rid] = None
+        self.closed.move_to_end(rid)
+        while len(self.closed) > self.MAX_CLOSED:
+            self.closed.popitem(last=False)
+
+
+def _describe(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    return f"{type(e).__name__}: {e}{where}"

@@ -1,0 +1,410 @@
+"""A stage process: one loop for all the stages that share the process.
+
+The loop (DESIGN.md, "Stage loop"): drain the inbox without blocking, handle aborts and peer
+changes first, deliver the rest, run one step of each stage that has work and room to send, route
+what the steps emitted, and block on the inbox only when idle. No socket is touched inside a
+model call. Stages of one process hand payloads to each other by reference.
+
+Started by the coordinator (`worker_main` in a spawned process) or on another host by
+`realtime-omni stage` with the same config.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from realtime_omni.errors import OmniError
+from realtime_omni.pipeline import messages as m
+from realtime_omni.pipeline.config import parse_config
+from realtime_omni.pipeline.executor import Emit, StageContext, load_executor
+from realtime_omni.pipeline.graph import Edge, Graph, group_of
+from realtime_omni.pipeline.relay import Inlet, Outlet, Payload
+from realtime_omni.pipeline.shm import list_segments, segment_name, unlink_segments
+from realtime_omni.pipeline.stage import Stage
+
+# ZMQ send queues: what can be in flight is bounded by the edges' credits (one message per
+# payload, one ack per payload) plus a few control messages per request, so this never binds.
+SNDHWM = 100_000
+MAX_DRAIN = 1000  # messages read per loop turn before stepping the stages again
+ARGS_ENV = "RTO_WORKER_ARGS"  # how the coordinator passes WorkerArgs to a process it starts
+
+
+class WorkerArgs(msgspec.Struct):
+    config: dict[str, Any]
+    process: str  # group#replica
+    epoch: int
+    epochs: dict[str, int]  # every process's current incarnation
+    ipc_dir: str
+    owner_pid: int  # the coordinator's pid: names shm segments
+    watch_parent: bool = True  # exit when the coordinator (our parent) is gone
+
+
+def worker_main(args: WorkerArgs) -> None:
+    """Process entry point. A failure before the loop starts is reported to the coordinator as
+    a `StageError` with an empty request id, so start-up errors name their cause."""
+    try:
+        worker = Worker(args)
+    except BaseException as e:
+        cfg = parse_config(args.config)
+        graph = Graph(cfg)
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(graph.endpoint(m.CLIENT, 0, Path(args.ipc_dir)))
+        stages = ",".join(graph.groups[group_of(args.process)].stages)
+        sock.send(m.encode(m.StageError("", stages, f"{type(e).__name__}: {e}")))
+        sock.close(linger=2000)
+        ctx.term()
+        raise SystemExit(1) from None
+    worker.run()
+
+
+@dataclass
+class _Out:
+    kind: str  # data | end | done
+    request_id: str
+    edge: Edge | None = None
+    payload: Payload | None = None
+
+
+class Worker:
+    def __init__(self, args: WorkerArgs) -> None:
+        self.args = args
+        self.me = args.process
+        self.cfg = parse_config(args.config)
+        self.graph = Graph(self.cfg)
+        self.group = self.graph.groups[group_of(self.me)]
+        self.ipc_dir = Path(args.ipc_dir)
+        self.epochs = dict(args.epochs)
+        self.down: set[str] = set()
+        threads = str(self.group.threads)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[var] = threads
+
+        self.zmq = zmq.Context()
+        self.inbox = self.zmq.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.RCVHWM, 0)  # bounded by credits, see SNDHWM
+        self.inbox.bind(self.graph.endpoint(self.me, args.epoch, self.ipc_dir))
+        self.peers: dict[str, zmq.Socket] = {}
+        self.inlet = Inlet()
+
+        self.stages: dict[str, Stage] = {}
+        self.outlets: dict[tuple[str, str], Outlet] = {}
+        self.outbox: dict[str, deque[_Out]] = {}
+        self.routes: dict[str, dict[str, int]] = {}
+        self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
+        self.local: deque[tuple[str, Any]] = deque()  # deliveries between stages here
+        rt = self.cfg.runtime
+        for name in self.group.stages:
+            st = self.cfg.stages[name]
+            ctx = StageContext(
+                stage=name,
+                device=st.device,
+                params=dict(st.params),
+                model=dict(self.cfg.model),
+                downstream=[e.dst for e in self.graph.out_edges[name]],
+                upstream=[e.src for e in self.graph.in_edges[name]],
+            )
+            self.stages[name] = Stage(
+                name, load_executor(st.executor, ctx), self.graph.wait_for[name]
+            )
+            self.outbox[name] = deque()
+            for e in self.graph.out_edges[name]:
+                dev = self.cfg.stages[e.dst].device if e.dst in self.cfg.stages else "cpu"
+                self.outlets[(e.src, e.dst)] = Outlet(
+                    e, self.me, args.epoch, args.owner_pid, rt.inline_max_bytes, dev
+                )
+        self.running = True
+
+    # ---- sockets -----------------------------------------------------------------------
+
+    def _socket(self, process: str) -> zmq.Socket | None:
+        if process in self.down:
+            return None
+        sock = self.peers.get(process)
+        if sock is None:
+            sock = self.zmq.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, SNDHWM)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.graph.endpoint(process, self.epochs.get(process, 0), self.ipc_dir))
+            self.peers[process] = sock
+        return sock
+
+    def _send(self, process: str, msg: m.Message, frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+        sock = self._socket(process)
+        if sock is not None:
+            sock.send_multipart([m.encode(msg), *frames], copy=False)
+
+    def _to_coordinator(self, msg: m.Message) -> None:
+        self._send(m.CLIENT, msg)
+
+    def _process_of(self, stage: str, route: dict[str, int]) -> str:
+        if stage == m.CLIENT:
+            return m.CLIENT
+        g = self.graph.process_of[stage]
+        return f"{g}#{route.get(g, 0)}"
+
+    # ---- loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        parent = os.getppid()
+        self._to_coordinator(m.Ready(self.me, self.args.epoch, os.getpid()))
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        beat_every = self.cfg.runtime.heartbeat_interval_s
+        next_beat = time.monotonic() + beat_every
+        try:
+            while self.running:
+                busy = self._drain()
+                busy |= self._work()
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + beat_every
+                    self._to_coordinator(m.Heartbeat(self.me, self.args.epoch))
+                    if self.args.watch_parent and os.getppid() != parent:
+                        break  # the coordinator is gone: nothing will ever ask us again
+                if not busy and self.running:
+                    poller.poll(timeout=beat_every * 1000)
+        finally:
+            self.close()
+
+    def _drain(self) -> bool:
+        batch = []
+        while len(batch) < MAX_DRAIN:
+            try:
+                frames = self.inbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            batch.append((m.decode(frames[0].buffer), frames))
+        # Aborts and peer changes first: data of an aborted request is then dropped unprocessed.
+        urgent = (m.Abort, m.PeerDown, m.Shutdown)
+        for msg, frames in batch:
+            if isinstance(msg, urgent):
+                self._handle(msg, frames)
+        for msg, frames in batch:
+            if not isinstance(msg, urgent):
+                self._handle(msg, frames)
+        return bool(batch)
+
+    def _work(self) -> bool:
+        busy = False
+        while self.local:
+            busy = True
+            kind, item = self.local.popleft()
+            if kind == "data":
+                edge, rid, payload, release = item
+                self.stages[edge.dst].on_data(rid, edge.src, payload, release, edge.kind == "once")
+            else:
+                edge, rid = item
+                self.stages[edge.dst].on_end(rid, edge.src)
+        for name, stage in self.stages.items():
+            self._flush(name)
+            if not self.outbox[name] and stage.executor.has_work():
+                busy = True
+                for emit in stage.step():
+                    self._route(name, emit)
+                self._flush(name)
+            self._report_failures(stage)
+        return busy or bool(self.local)
+
+    # ---- inbound -----------------------------------------------------------------------
+
+    def _handle(self, msg: m.Message, frames: list[Any]) -> None:
+        match msg:
+            case m.DataReady():
+                self._on_data(msg, frames)
+            case m.StreamEnd(request_id=rid, src=src, dst=dst, route=route):
+                if rid not in self.stages[dst].closed:
+                    self.routes.setdefault(rid, route)
+                self.stages[dst].on_end(rid, src)
+                self._report_failures(self.stages[dst])
+            case m.DataAck(src=src, dst=dst, slot=slot):
+                rid = self.outlets[(src, dst)].pool.release(slot)
+                if rid is not None:
+                    self._check_abort_wait(src, rid)
+            case m.Abort(request_id=rid):
+                self._abort(rid)
+            case m.PeerDown(process=p):
+                self._peer_down(p)
+            case m.PeerUp(process=p, epoch=epoch):
+                self.down.discard(p)
+                self.epochs[p] = epoch
+                self._to_coordinator(m.PeerUpAck(self.me, p))
+            case m.StatsRequest(token=token):
+                self._to_coordinator(self._stats(token))
+            case m.Shutdown():
+                self.running = False
+            case _:
+                pass  # other messages are the coordinator's
+
+    def _on_data(self, msg: m.DataReady, frames: list[Any]) -> None:
+        stage = self.stages[msg.dst]
+        src_process, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.slot)
+
+        def release() -> None:
+            self._send(src_process, ack)
+
+        if msg.request_id in stage.closed:
+            release()
+            return
+        self.routes.setdefault(msg.request_id, msg.route)
+        try:
+            payload = self.inlet.open(msg, frames)
+        except (OSError, ValueError) as e:
+            release()
+            stage.fail(msg.request_id, f"cannot read payload on {msg.src}->{msg.dst}: {e}")
+        else:
+            once = self.graph.edge(msg.src, msg.dst).kind == "once"
+            stage.on_data(msg.request_id, msg.src, payload, release, once)
+        self._report_failures(stage)
+
+    # ---- outbound ----------------------------------------------------------------------
+
+    def _route(self, stage: str, emit: Emit) -> None:
+        box = self.outbox[stage]
+        if emit.data is not None:
+            for e in self.graph.out_edges[stage]:
+                if emit.to is None or emit.to == e.dst:
+                    box.append(_Out("data", emit.request_id, e, emit.data))
+        if emit.done:
+            for e in self.graph.out_edges[stage]:
+                if e.kind == "stream":
+                    box.append(_Out("end", emit.request_id, e))
+            box.append(_Out("done", emit.request_id))
+
+    def _flush(self, stage: str) -> None:
+        """Send what credits allow, in order; stop at the first payload with no free slot."""
+        box = self.outbox[stage]
+        while box:
+            out = box[0]
+            rid = out.request_id
+            route = self.routes.get(rid, {})
+            if out.kind == "done":
+                self.stages[stage].finish(rid)
+                self._to_coordinator(m.StageDone(rid, stage, self.me))
+                self._forget_route(rid)
+            elif out.kind == "end":
+                e = out.edge
+                assert e is not None
+                if e.transport == "reference":
+                    self.local.append(("end", (e, rid)))
+                else:
+                    self._send(
+                        self._process_of(e.dst, route), m.StreamEnd(rid, e.src, e.dst, route)
+                    )
+            else:
+                e = out.edge
+                assert e is not None and out.payload is not None
+                outlet = self.outlets[(e.src, e.dst)]
+                peer = self._process_of(e.dst, route)
+                slot = outlet.acquire(rid, peer)
+                if slot is None:
+                    return  # backpressure: wait for an ack
+                if e.transport == "reference":
+                    self.local.append(("data", (e, rid, out.payload, self._local_release(e, slot))))
+                else:
+                    try:
+                        msg, frames = outlet.pack(rid, slot, out.payload, route)
+                        self._send(peer, msg, frames)
+                    except (OmniError, TypeError, ValueError) as err:
+                        box.popleft()
+                        self.stages[stage].fail(rid, str(err))
+                        self._drop_outbox(rid)
+                        continue
+            box.popleft()
+
+    def _local_release(self, e: Edge, slot: int):  # type: ignore[no-untyped-def]
+        def release() -> None:
+            rid = self.outlets[(e.src, e.dst)].pool.release(slot)
+            if rid is not None:
+                self._check_abort_wait(e.src, rid)
+
+        return release
+
+    def _report_failures(self, stage: Stage) -> None:
+        while stage.failures:
+            rid, message = stage.failures.pop(0)
+            self._drop_outbox(rid)
+            self._to_coordinator(m.StageError(rid, stage.name, message))
+
+    # ---- abort -------------------------------------------------------------------------
+
+    def _abort(self, rid: str) -> None:
+        self._drop_outbox(rid)
+        for name, stage in self.stages.items():
+            stage.abort(rid)
+            stage.failures = [f for f in stage.failures if f[0] != rid]
+            self.abort_waits.add((name, rid))
+            self._check_abort_wait(name, rid)
+        # Payloads already handed to local stages are released by their abort above.
+        self._forget_route(rid)
+
+    def _drop_outbox(self, rid: str) -> None:
+        for box in self.outbox.values():
+            keep = [o for o in box if o.request_id != rid]
+            if len(keep) != len(box):
+                box.clear()
+                box.extend(keep)
+        kept = deque()
+        for kind, item in self.local:
+            if item[1] == rid and kind == "data":
+                item[3]()  # release the credit of a payload never delivered
+            elif item[1] != rid:
+                kept.append((kind, item))
+        self.local = kept
+
+    def _check_abort_wait(self, stage: str, rid: str) -> None:
+        if (stage, rid) not in self.abort_waits:
+            return
+        if any(o.pool.held(rid) for (src, _), o in self.outlets.items() if src == stage):
+            return
+        self.abort_waits.discard((stage, rid))
+        self._to_coordinator(m.AbortAck(rid, stage, self.me))
+
+    def _forget_route(self, rid: str) -> None:
+        if not any(s.holds(rid) for s in self.stages.values()):
+            self.routes.pop(rid, None)
+
+    def _peer_down(self, process: str) -> None:
+        self.down.add(process)
+        sock = self.peers.pop(process, None)
+        if sock is not None:
+            sock.close(linger=0)
+        self.inlet.forget(process, self.args.owner_pid)
+        for (src, _), outlet in self.outlets.items():
+            for rid in outlet.pool.reclaim(process):
+                self._check_abort_wait(src, rid)
+
+    # ---- stats and shutdown ------------------------------------------------------------
+
+    def _stats(self, token: int) -> m.Stats:
+        mine = segment_name(self.args.owner_pid, self.me, "")
+        return m.Stats(
+            token=token,
+            process=self.me,
+            free_slots={o.edge.key: o.pool.free for o in self.outlets.values()},
+            total_slots={o.edge.key: o.pool.n for o in self.outlets.values()},
+            active_requests={n: s.active for n, s in self.stages.items()},
+            segments=[s for s in list_segments(self.args.owner_pid) if s.startswith(mine)],
+        )
+
+    def close(self) -> None:
+        for outlet in self.outlets.values():
+            outlet.close()
+        unlink_segments(segment_name(self.args.owner_pid, self.me, ""))
+        self.inlet.close()
+        for sock in self.peers.values():
+            sock.close(linger=100)
+        self.inbox.close(linger=0)
+        self.zmq.term()
+
+
+if __name__ == "__main__":  # started by the coordinator: python -m realtime_omni.pipeline.worker
+    worker_main(msgspec.json.decode(os.environ.pop(ARGS_ENV), type=WorkerArgs))
