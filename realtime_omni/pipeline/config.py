@@ -7,6 +7,7 @@ the value and the fix. `realtime_omni.pipeline.graph.Graph` derives the edges an
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -126,12 +127,33 @@ def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
+        more = f" (and {len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
         raise ConfigError(
-            f"{source}: field {where!r} = {err.get('input')!r}: {err['msg']}"
-            + (f" (and {len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else "")
+            f"{source}: field {where!r} = {err.get('input')!r}: {err['msg']}. "
+            f"Fix: {_pydantic_fix(err)}{more}"
         ) from None
     _check(cfg, source)
     return cfg
+
+
+def _pydantic_fix(err: Any) -> str:
+    loc = [p for p in err["loc"] if isinstance(p, str)]
+    if err["type"] == "extra_forbidden":
+        model: type[BaseModel] = PipelineConfig
+        for part in loc[:-1]:
+            field = model.model_fields.get(part)
+            ann = getattr(field, "annotation", None)
+            args = getattr(ann, "__args__", ())
+            nested = [a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if nested:
+                model = nested[0]
+        allowed = sorted(model.model_fields)
+        close = difflib.get_close_matches(loc[-1], allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{hint}allowed fields here: {', '.join(allowed)}"
+    if err["type"] == "missing":
+        return f"add the required field {loc[-1]!r}"
+    return "give a value of the documented type and range (see realtime_omni/pipeline/config.py)"
 
 
 def _fail(source: str, field: str, value: Any, problem: str, fix: str) -> None:
@@ -170,14 +192,16 @@ def _check(cfg: PipelineConfig, src: str) -> None:
                 "listed in both next and stream_to",
                 "keep each downstream stage in one of the two lists",
             )
-        if len(set(st.next)) != len(st.next) or len(set(st.stream_to)) != len(st.stream_to):
-            _fail(
-                src,
-                f"stages.{name}.next",
-                st.next + st.stream_to,
-                "a stage is listed twice",
-                "list each downstream stage once",
-            )
+        for kind in ("next", "stream_to"):
+            targets = getattr(st, kind)
+            if len(set(targets)) != len(targets):
+                _fail(
+                    src,
+                    f"stages.{name}.{kind}",
+                    targets,
+                    "a stage is listed twice",
+                    "list each downstream stage once",
+                )
         if not _DEVICE.match(st.device):
             _fail(src, f"stages.{name}.device", st.device, "unknown device", "use cpu or cuda:N")
         if st.host is not None and st.host not in cfg.hosts:

@@ -84,10 +84,15 @@ class RequestStream:
 
     def _drain(self) -> None:
         """Give back the credits of outputs nobody will read."""
+        keep = []
         while not self._queue.empty():
             item = self._queue.get_nowait()
             if isinstance(item, tuple):
                 item[2]()
+            else:
+                keep.append(item)  # the end or the error stays for the reader
+        for item in keep:
+            self._queue.put_nowait(item)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -473,12 +478,8 @@ class Coordinator:
         if req is None or req.stream.closed:
             release()
             return
-        data = copy_payload(self.inlet.open(msg, frames))
-        if msg.transport == "shm":  # copied out: the slot can go back now
-            release()
-            req.stream._put((msg.src, data, lambda: None))
-        else:
-            req.stream._put((msg.src, data, release))
+        # Copied out so the caller owns it; the credit goes back only when the caller takes it.
+        req.stream._put((msg.src, copy_payload(self.inlet.open(msg, frames)), release))
 
     # ---- faults ------------------------------------------------------------------------
 

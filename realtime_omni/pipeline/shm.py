@@ -9,6 +9,7 @@ no longer runs is stale.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -22,7 +23,9 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def segment_name(owner_pid: int, *parts: object) -> str:
-    return PREFIX + f"{owner_pid}_" + "_".join(_SAFE.sub("-", str(p)) for p in parts)
+    """`rto_<owner>_<part>.<part>...`; stage and process names never hold a dot, so a name
+    ending in a dot is a prefix of exactly that process's segments."""
+    return PREFIX + f"{owner_pid}_" + ".".join(_SAFE.sub("-", str(p)) for p in parts)
 
 
 class Segment:
@@ -50,11 +53,10 @@ class Segment:
 
     def close(self) -> None:
         """Drop this mapping. Arrays still viewing it keep it alive until they go."""
-        self.buf.release()
-        try:
+        # With arrays still viewing it, both refuse; the mapping then goes with the last view.
+        with contextlib.suppress(BufferError):
+            self.buf.release()
             self.mmap.close()
-        except BufferError:
-            pass  # exported views still alive; the mapping goes with the last of them
 
     def unlink(self) -> None:
         self.path.unlink(missing_ok=True)

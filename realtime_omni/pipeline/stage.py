@@ -57,7 +57,7 @@ class Stage:
             release()
             return
         p = self.pending.setdefault(rid, _Pending())
-        if once:
+        if once and src not in p.once:
             p.once[src] = (payload, release)
         else:
             p.items.append((src, payload, release))

@@ -74,6 +74,20 @@ class _Out:
     payload: Payload | None = None
 
 
+@dataclass
+class _In:
+    """Something for a stage to take in: a payload (still in its slot or frame) or an end."""
+
+    kind: str  # data | end
+    request_id: str
+    src: str
+    once: bool = False
+    msg: m.DataReady | None = None  # a remote payload, opened when delivered
+    frames: list[Any] | None = None
+    payload: Payload | None = None  # a local payload, by reference
+    release: Any = None  # acknowledges the payload upstream
+
+
 class Worker:
     def __init__(self, args: WorkerArgs) -> None:
         self.args = args
@@ -100,7 +114,10 @@ class Worker:
         self.outbox: dict[str, deque[_Out]] = {}
         self.routes: dict[str, dict[str, int]] = {}
         self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
-        self.local: deque[tuple[str, Any]] = deque()  # deliveries between stages here
+        # Deliveries waiting for their stage. A stage takes nothing in while its outbox is
+        # blocked, so its inputs stay unacknowledged and the upstream senders run out of
+        # credit: backpressure. Bounded by the credits of the stage's input edges.
+        self.inbound: dict[str, deque[_In]] = {}
         rt = self.cfg.runtime
         for name in self.group.stages:
             st = self.cfg.stages[name]
@@ -116,6 +133,7 @@ class Worker:
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]
             )
             self.outbox[name] = deque()
+            self.inbound[name] = deque()
             for e in self.graph.out_edges[name]:
                 dev = self.cfg.stages[e.dst].device if e.dst in self.cfg.stages else "cpu"
                 self.outlets[(e.src, e.dst)] = Outlet(
@@ -195,24 +213,36 @@ class Worker:
 
     def _work(self) -> bool:
         busy = False
-        while self.local:
-            busy = True
-            kind, item = self.local.popleft()
-            if kind == "data":
-                edge, rid, payload, release = item
-                self.stages[edge.dst].on_data(rid, edge.src, payload, release, edge.kind == "once")
-            else:
-                edge, rid = item
-                self.stages[edge.dst].on_end(rid, edge.src)
         for name, stage in self.stages.items():
             self._flush(name)
+            busy |= self._deliver(name)
             if not self.outbox[name] and stage.executor.has_work():
                 busy = True
                 for emit in stage.step():
                     self._route(name, emit)
                 self._flush(name)
             self._report_failures(stage)
-        return busy or bool(self.local)
+        return busy or any(self.inbound[n] and not self.outbox[n] for n in self.stages)
+
+    def _deliver(self, name: str) -> bool:
+        stage, box, outbox = self.stages[name], self.inbound[name], self.outbox[name]
+        delivered = bool(box) and not outbox
+        while box and not outbox:
+            item = box.popleft()
+            if item.kind == "end":
+                stage.on_end(item.request_id, item.src)
+                continue
+            payload = item.payload
+            if item.msg is not None:
+                try:
+                    payload = self.inlet.open(item.msg, item.frames or [])
+                except (OSError, ValueError) as e:
+                    item.release()
+                    stage.fail(item.request_id, f"cannot read payload from {item.src}: {e}")
+                    continue
+            stage.on_data(item.request_id, item.src, payload or {}, item.release, item.once)
+            self._report_failures(stage)
+        return delivered
 
     # ---- inbound -----------------------------------------------------------------------
 
@@ -223,8 +253,7 @@ class Worker:
             case m.StreamEnd(request_id=rid, src=src, dst=dst, route=route):
                 if rid not in self.stages[dst].closed:
                     self.routes.setdefault(rid, route)
-                self.stages[dst].on_end(rid, src)
-                self._report_failures(self.stages[dst])
+                    self.inbound[dst].append(_In("end", rid, src))
             case m.DataAck(src=src, dst=dst, slot=slot):
                 rid = self.outlets[(src, dst)].pool.release(slot)
                 if rid is not None:
@@ -245,25 +274,19 @@ class Worker:
                 pass  # other messages are the coordinator's
 
     def _on_data(self, msg: m.DataReady, frames: list[Any]) -> None:
-        stage = self.stages[msg.dst]
         src_process, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.slot)
 
         def release() -> None:
             self._send(src_process, ack)
 
-        if msg.request_id in stage.closed:
+        if msg.request_id in self.stages[msg.dst].closed:
             release()
             return
         self.routes.setdefault(msg.request_id, msg.route)
-        try:
-            payload = self.inlet.open(msg, frames)
-        except (OSError, ValueError) as e:
-            release()
-            stage.fail(msg.request_id, f"cannot read payload on {msg.src}->{msg.dst}: {e}")
-        else:
-            once = self.graph.edge(msg.src, msg.dst).kind == "once"
-            stage.on_data(msg.request_id, msg.src, payload, release, once)
-        self._report_failures(stage)
+        once = self.graph.edge(msg.src, msg.dst).kind == "once"
+        self.inbound[msg.dst].append(
+            _In("data", msg.request_id, msg.src, once, msg=msg, frames=frames, release=release)
+        )
 
     # ---- outbound ----------------------------------------------------------------------
 
@@ -294,7 +317,7 @@ class Worker:
                 e = out.edge
                 assert e is not None
                 if e.transport == "reference":
-                    self.local.append(("end", (e, rid)))
+                    self.inbound[e.dst].append(_In("end", rid, e.src))
                 else:
                     self._send(
                         self._process_of(e.dst, route), m.StreamEnd(rid, e.src, e.dst, route)
@@ -308,7 +331,10 @@ class Worker:
                 if slot is None:
                     return  # backpressure: wait for an ack
                 if e.transport == "reference":
-                    self.local.append(("data", (e, rid, out.payload, self._local_release(e, slot))))
+                    release = self._local_release(e, slot)
+                    once = e.kind == "once"
+                    item = _In("data", rid, e.src, once, payload=out.payload, release=release)
+                    self.inbound[e.dst].append(item)
                 else:
                     try:
                         msg, frames = outlet.pack(rid, slot, out.payload, route)
@@ -352,13 +378,11 @@ class Worker:
             if len(keep) != len(box):
                 box.clear()
                 box.extend(keep)
-        kept = deque()
-        for kind, item in self.local:
-            if item[1] == rid and kind == "data":
-                item[3]()  # release the credit of a payload never delivered
-            elif item[1] != rid:
-                kept.append((kind, item))
-        self.local = kept
+        for box in self.inbound.values():
+            for item in [i for i in box if i.request_id == rid]:
+                box.remove(item)
+                if item.release is not None:
+                    item.release()
 
     def _check_abort_wait(self, stage: str, rid: str) -> None:
         if (stage, rid) not in self.abort_waits:

@@ -1,0 +1,341 @@
+"""One hop, process to process: one-way latency of each payload transport, next to its baselines.
+
+Every transport row uses the runtime's own classes: an `Edge`, an `Outlet` in this process (the
+sender), an `Inlet` in a spawned receiver, real ZMQ PUSH/PULL sockets. The sender stamps
+CLOCK_MONOTONIC (system-wide on Linux) into the payload metadata just before `acquire`/`pack`;
+the receiver stamps it once `Inlet.open` returned and it read the array's last element, then acks,
+and the sender waits for that ack before the next payload, so every hop is measured unloaded.
+
+    python benchmarks/transport.py [--iters N] [--warmup N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import zmq
+
+from realtime_omni.pipeline import messages as m
+from realtime_omni.pipeline.config import RuntimeConfig
+from realtime_omni.pipeline.graph import Edge
+from realtime_omni.pipeline.relay import Inlet, Outlet, Payload
+from realtime_omni.pipeline.shm import list_segments, segment_name, unlink_segments
+
+# A token id, a few codes, a 4 KB vector, 130 and 784 rows of bf16 hidden states (width 2048).
+SIZES_BYTES = (8, 160, 4096, 532_480, 3_211_264)
+WIDTH = 2048
+SMALL_MAX_BYTES = 4096  # up to here: uint8 arrays and SMALL_ITERS; above: bf16 rows, BIG_ITERS
+SMALL_ITERS, BIG_ITERS = 500, 200
+MEMCPY_REPS_PER_ITER = 5  # memcpy is cheap: more repetitions for a steadier median
+START_TIMEOUT_S = 60.0  # a spawned receiver imports numpy, zmq and the runtime first
+ACK_TIMEOUT_MS = 10_000
+TARGET_SMALL_BYTES, TARGET_SMALL_P50_US = 4096, 100.0  # DESIGN.md, "Budgets"
+TARGET_BIG_BYTES, TARGET_BIG_SLACK_US = 3_211_264, 200.0  # p50 <= 2 x memcpy + 0.2 ms
+
+Latencies = dict[int, list[int]]  # payload bytes -> one-way latencies in ns
+
+
+def make_array(nbytes: int, cuda: bool = False) -> Any:
+    """uint8 for the small payloads, (rows, 2048) bfloat16 for the big ones."""
+    a = np.full(nbytes, 7, np.uint8)
+    if nbytes > SMALL_MAX_BYTES:
+        a = a.view(ml_dtypes.bfloat16).reshape(-1, WIDTH)
+    if not cuda:
+        return a
+    import torch
+
+    t = torch.from_numpy(a.view(np.uint8)).to("cuda")
+    return t.view(torch.bfloat16).view(a.shape) if nbytes > SMALL_MAX_BYTES else t
+
+
+def touch(a: Any) -> float:
+    """Read the last element, so a lazy mapping or an unfinished copy cannot look fast."""
+    return float(a.reshape(-1)[-1])
+
+
+def iters_for(nbytes: int, override: int | None) -> int:
+    return override or (SMALL_ITERS if nbytes <= SMALL_MAX_BYTES else BIG_ITERS)
+
+
+def cuda_skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not importable"
+    return None if torch.cuda.is_available() else "torch.cuda.is_available() is False"
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> str:
+    """Bind `sock`; a bare tcp:// host gets a free port. Gives the bound address."""
+    if endpoint.startswith("tcp://") and endpoint.count(":") == 1:
+        return f"{endpoint}:{sock.bind_to_random_port(endpoint)}"
+    sock.bind(endpoint)
+    return endpoint
+
+
+# ---- receivers (spawned processes: the parent owns every cleanup, so they ignore Ctrl-C) ----
+
+
+def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int) -> None:
+    """Answer every DataReady with a DataAck, recording its latency; send them on `stop`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx, inlet = zmq.Context(), Inlet()
+    lat: Latencies = {}
+    inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    acks.setsockopt(zmq.LINGER, 0)
+    try:
+        conn.send(bind(inbox, inbox_at))
+        acks.connect(ack_to)
+        while os.getppid() == parent_pid:  # not orphaned
+            if not inbox.poll(1000):
+                continue
+            frames = inbox.recv_multipart(copy=False)
+            msg = m.decode(frames[0].buffer)
+            assert isinstance(msg, m.DataReady)
+            payload = inlet.open(msg, frames)
+            if payload.get("stop"):
+                conn.send(lat)
+                return
+            touch(payload["x"])
+            t1 = time.monotonic_ns()
+            if not payload["warm"]:
+                lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
+            del payload, frames  # drop the slot's views before the ack lends the slot again
+            acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.slot)))
+    finally:
+        inlet.close()
+        ctx.destroy(linger=0)
+
+
+def queue_receiver(q: Any, conn: Connection, parent_pid: int) -> None:
+    """The mp_queue_pickle baseline's far end: (nbytes, warm, t_ns, array) items, None to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lat: Latencies = {}
+    while os.getppid() == parent_pid:  # not orphaned
+        try:
+            item = q.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if item is None:
+            conn.send(lat)
+            return
+        nbytes, warm, t0, x = item
+        touch(x)
+        t1 = time.monotonic_ns()
+        if not warm:
+            lat.setdefault(nbytes, []).append(t1 - t0)
+        conn.send(None)
+
+
+# ---- senders (this process) ----
+
+
+def wait(conn: Connection, timeout_s: float, what: str) -> Any:
+    if not conn.poll(timeout_s):
+        raise RuntimeError(f"no {what} from the receiver within {timeout_s} s")
+    return conn.recv()
+
+
+def run_reference(sizes: list[int], iters: int | None, warmup: int) -> Latencies:
+    """Two stages in one process: the payload dict is handed over as the worker does, through
+    a deque, with a credit of the edge's pool held until the receiver is done."""
+    outlet = Outlet(Edge("a", "b", "stream", "reference", 2, max(sizes)), "p", 0, os.getpid(), 0)
+    inbound: deque[Payload] = deque()
+    lat: Latencies = {}
+    for nbytes in sizes:
+        x = make_array(nbytes)
+        for i in range(warmup + iters_for(nbytes, iters)):
+            payload: Payload = {"x": x, "nbytes": nbytes}
+            payload["t_ns"] = time.monotonic_ns()
+            slot = outlet.acquire("bench", "p")
+            assert slot is not None
+            inbound.append(payload)
+            got = inbound.popleft()
+            touch(got["x"])
+            t1 = time.monotonic_ns()
+            if i >= warmup:
+                lat.setdefault(nbytes, []).append(t1 - got["t_ns"])
+            outlet.pool.release(slot)
+    return lat
+
+
+def run_zmq(
+    transport: str, sizes: list[int], iters: int | None, warmup: int, tmp: str
+) -> Latencies:
+    """One receiver process for every size of `transport`; payloads go one at a time."""
+    cuda = transport == "cuda_ipc"
+    where = "tcp://127.0.0.1" if transport == "tcp" else f"ipc://{tmp}/{transport}"
+    inline_max = 0 if transport == "shm" else RuntimeConfig().inline_max_bytes  # shm: always a slot
+    edge = Edge("sender", "receiver", "stream", transport, 2, max(sizes))
+    outlet = Outlet(edge, "sender", 0, os.getpid(), inline_max, "cuda:0" if cuda else "cpu")
+    ctx = zmq.Context()
+    acks, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.LINGER, 0)
+    spawn = mp.get_context("spawn")
+    conn, child_conn = spawn.Pipe()
+    ack_at = bind(acks, where if transport == "tcp" else f"{where}-ack.sock")
+    inbox_at = where if transport == "tcp" else f"{where}-in.sock"
+    proc = spawn.Process(
+        target=zmq_receiver, args=(inbox_at, ack_at, child_conn, os.getpid()), daemon=True
+    )
+
+    def send(payload: Payload) -> None:
+        payload["t_ns"] = time.monotonic_ns()
+        slot = outlet.acquire("bench", "receiver")
+        assert slot is not None, "the previous payload's slot was not acked"
+        msg, frames = outlet.pack("bench", slot, payload, {})
+        out.send_multipart([m.encode(msg), *frames], copy=False)
+
+    try:
+        proc.start()
+        out.connect(wait(conn, START_TIMEOUT_S, "inbox address"))
+        for nbytes in sizes:
+            x = make_array(nbytes, cuda)
+            for i in range(warmup + iters_for(nbytes, iters)):
+                send({"x": x, "nbytes": nbytes, "warm": i < warmup})
+                if not acks.poll(ACK_TIMEOUT_MS):
+                    raise RuntimeError(f"{transport}: no DataAck within {ACK_TIMEOUT_MS} ms")
+                ack = m.decode(acks.recv())
+                assert isinstance(ack, m.DataAck)
+                outlet.pool.release(ack.slot)
+        send({"stop": True})
+        return wait(conn, ACK_TIMEOUT_MS / 1000, "latencies")
+    finally:
+        proc.terminate()  # SIGTERM: a receiver ignores only SIGINT
+        proc.join()
+        outlet.close()
+        ctx.destroy(linger=0)
+
+
+def run_queue(sizes: list[int], iters: int | None, warmup: int) -> Latencies:
+    """The same arrays through a multiprocessing.Queue: pickled, piped, unpickled."""
+    spawn = mp.get_context("spawn")
+    q = spawn.Queue(maxsize=1)
+    conn, child_conn = spawn.Pipe()
+    proc = spawn.Process(target=queue_receiver, args=(q, child_conn, os.getpid()), daemon=True)
+    try:
+        proc.start()
+        for nbytes in sizes:
+            x = make_array(nbytes)
+            for i in range(warmup + iters_for(nbytes, iters)):
+                q.put((nbytes, i < warmup, time.monotonic_ns(), x))
+                wait(conn, START_TIMEOUT_S if i == 0 else ACK_TIMEOUT_MS / 1000, "ack")
+        q.put(None)
+        return wait(conn, ACK_TIMEOUT_MS / 1000, "latencies")
+    finally:
+        proc.terminate()
+        proc.join()
+        q.cancel_join_thread()  # the reader is gone: an unsent item must not block our exit
+        q.close()
+
+
+def memcpy_p50_us(nbytes: int, reps: int, warmup: int) -> float:
+    src = make_array(nbytes)
+    dst = np.empty_like(src)
+    ns = []
+    for _ in range(warmup + reps):
+        t0 = time.perf_counter_ns()
+        np.copyto(dst, src)
+        ns.append(time.perf_counter_ns() - t0)
+    return pct_us(ns[warmup:], 50)
+
+
+# ---- report ----
+
+
+def verdict(nbytes: int, p50_us: float, memcpy_us: dict[int, float]) -> str:
+    """Against DESIGN.md, "Budgets"; empty for the sizes it names no target for."""
+    if nbytes == TARGET_SMALL_BYTES:
+        target, rule = TARGET_SMALL_P50_US, f"{TARGET_SMALL_P50_US:.0f}"
+    elif nbytes == TARGET_BIG_BYTES:
+        target = 2 * memcpy_us[nbytes] + TARGET_BIG_SLACK_US
+        rule = f"2 x memcpy + {TARGET_BIG_SLACK_US:.0f} = {target:.0f}"
+    else:
+        return ""
+    return f"{'ok' if p50_us <= target else 'OVER'} (p50 <= {rule} us)"
+
+
+def pct_us(ns: list[int], q: float) -> float:
+    return float(np.percentile(ns, q)) / 1000
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, help=f"measured hops per size ({SMALL_ITERS}/{BIG_ITERS})")
+    ap.add_argument("--warmup", type=int, default=50, help="unmeasured hops per size first")
+    ap.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
+    args = ap.parse_args()
+    sizes = list(SIZES_BYTES)
+    transports = ["reference", "inline", "shm", "tcp", "cuda_ipc"]
+    if (skip := cuda_skip_reason()) is not None:
+        transports.remove("cuda_ipc")
+
+    memcpy_us = {
+        n: memcpy_p50_us(n, MEMCPY_REPS_PER_ITER * iters_for(n, args.iters), args.warmup)
+        for n in sizes
+    }
+    results: dict[str, Latencies] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="rto-bench-") as tmp:
+            for t in transports:
+                print(f"measuring {t} ...", file=sys.stderr, flush=True)
+                if t == "reference":
+                    results[t] = run_reference(sizes, args.iters, args.warmup)
+                else:
+                    results[t] = run_zmq(t, sizes, args.iters, args.warmup, tmp)
+        print("measuring mp_queue_pickle ...", file=sys.stderr, flush=True)
+        queue_lat = run_queue(sizes, args.iters, args.warmup)
+    finally:
+        unlink_segments(segment_name(os.getpid()))  # what an interrupted Outlet.close left
+    assert not list_segments(os.getpid())
+
+    rows = [
+        {
+            "transport": t,
+            "payload_bytes": n,
+            "p50_us": pct_us(lat[n], 50),
+            "p99_us": pct_us(lat[n], 99),
+        }
+        for t, lat in results.items()
+        for n in sizes
+    ]
+    queue_us = {n: pct_us(queue_lat[n], 50) for n in sizes}
+    baselines = [
+        {"name": name, "payload_bytes": n, "p50_us": us}
+        for name, p50s in (("memcpy", memcpy_us), ("mp_queue_pickle", queue_us))
+        for n, us in p50s.items()
+    ]
+
+    head = ("transport", "bytes", "p50 us", "p99 us", "memcpy p50", "mp.Queue p50", "verdict")
+    print("{:<10} {:>9} {:>9} {:>9} {:>11} {:>13}  {}".format(*head))
+    for r in rows:
+        n = r["payload_bytes"]
+        print(
+            f"{r['transport']:<10} {n:>9} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f} "
+            f"{memcpy_us[n]:>11.1f} {queue_us[n]:>13.1f}  {verdict(n, r['p50_us'], memcpy_us)}"
+        )
+    if skip is not None:
+        print(f"cuda_ipc: skipped ({skip})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "baselines": baselines}, f, indent=2)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:  # the finally blocks above already cleaned up
+        sys.exit(130)

@@ -1,0 +1,36 @@
+"""Shared test helpers. Every timeout scales with RTO_TEST_TIMEOUT_FACTOR for slow machines."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_FACTOR = float(os.environ.get("RTO_TEST_TIMEOUT_FACTOR", "1"))
+
+
+def timeout(seconds: float) -> float:
+    return seconds * TIMEOUT_FACTOR
+
+
+def run(coro: Coroutine[Any, Any, Any], limit_s: float = 60) -> Any:
+    """Run an async test body with an overall limit."""
+    return asyncio.run(asyncio.wait_for(coro, timeout(limit_s)))
+
+
+def simulated_config(time_scale: float = 1.0, **runtime: Any) -> dict[str, Any]:
+    """configs/simulated-qwen3-omni.yaml as a dict, step times multiplied by `time_scale`."""
+    data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
+    data = copy.deepcopy(data)
+    for stage in data["stages"].values():
+        for key in ("first_step_ms", "step_ms"):
+            if key in stage["params"]:
+                stage["params"][key] *= time_scale
+    data.setdefault("runtime", {}).update(runtime)
+    return data

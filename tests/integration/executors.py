@@ -1,0 +1,35 @@
+"""Executors for integration tests (imported by the stage processes by module path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
+from realtime_omni.pipeline.simulated import SimulatedExecutor
+
+
+class FlakyExecutor(SimulatedExecutor):
+    """A simulated stage that fails the requests whose input says `fail_at` == this stage."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.doomed: set[str] = set()
+
+    def add_request(self, request_id: str, inputs: dict[str, dict[str, Any]]) -> None:
+        super().add_request(request_id, inputs)
+        if self.reqs[request_id].meta.get("fail_at") == self.stage:
+            self.doomed.add(request_id)
+
+    def step(self) -> list[Emit]:
+        for rid in self.doomed:
+            if rid in self.reqs:
+                self.doomed.discard(rid)
+                raise ExecutorError(rid, f"{rid} asked to fail here")
+        return super().step()
+
+
+class BrokenExecutor:
+    """Fails while loading, as a missing checkpoint would."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        raise FileNotFoundError(f"no weights for {ctx.stage} in /nonexistent")

@@ -1,0 +1,232 @@
+"""The seven-stage simulated Qwen3-Omni graph in seven real processes, over real ZMQ sockets and
+real shared memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from realtime_omni.errors import RequestAborted, RequestError, StageDied, StartupError
+from realtime_omni.pipeline.config import parse_config
+from realtime_omni.pipeline.coordinator import Coordinator
+from realtime_omni.pipeline.shm import list_segments
+from tests.conftest import ROOT, run, simulated_config, timeout
+
+FAST = 0.2  # simulated step times at a fifth: the graph's shape matters here, not its speed
+
+
+def check_complete(outputs: dict[str, list[dict]], tokens: int) -> None:
+    """Every token reached decode once, in order; the audio covers every talker frame, in order."""
+    assert [o["index"] for o in outputs["decode"]] == list(range(tokens))
+    audio = outputs["code2wav"]
+    assert [o["index"] for o in audio] == list(range(len(audio)))
+    frames = sum(o["items"] for o in audio)
+    assert frames == 2 * tokens  # per_input: 2 frames per text token
+    assert all(o["pcm"].shape == (o["items"], 1920) for o in audio)
+    times = [o["token_time"] for o in audio]
+    assert times == sorted(times)
+
+
+async def all_slots_free(coord: Coordinator) -> None:
+    stats = await coord.stats()
+    for proc, s in stats.items():
+        assert s.free_slots == s.total_slots, proc
+        assert not any(s.active_requests.values()), (proc, s.active_requests)
+    assert coord.outlet.pool.free == coord.outlet.pool.n
+
+
+def test_twenty_concurrent_requests_complete_in_order() -> None:
+    async def body() -> None:
+        start_segments = len(list_segments(os.getpid()))
+        async with Coordinator(parse_config(simulated_config(FAST))) as coord:
+            assert len(coord.graph.local_processes()) == 7
+            pids = {coord.pid_of(p) for p in coord.graph.processes()}
+            assert len(pids) == 7 and all(psutil.pid_exists(p) for p in pids if p)
+
+            async def one(i: int) -> None:
+                stream = await coord.submit({"max_tokens": 5 + i % 7}, request_id=f"r{i}")
+                check_complete(await stream.collect(), 5 + i % 7)
+
+            await asyncio.gather(*(one(i) for i in range(20)))
+            assert coord.in_flight == 0
+            await all_slots_free(coord)
+        assert len(list_segments(os.getpid())) == start_segments
+        assert not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids if p
+        )
+
+    run(body())
+
+
+def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:
+    async def body() -> None:
+        cfg = simulated_config(0.05)
+        async with Coordinator(parse_config(cfg)) as coord:
+            procs = [psutil.Process(coord.pid_of(p)) for p in coord.graph.processes()]
+            stream = await coord.submit({"max_tokens": 400})
+            await stream.__anext__()
+            await asyncio.sleep(timeout(1.0))  # read nothing: everything upstream must stall
+            rss_before = sum(p.memory_info().rss for p in procs)
+            stats = await coord.stats()
+            # The client edge is full, code2wav holds its inputs unacknowledged, and so on up.
+            assert stats["code2wav#0"].free_slots["code2wav->client"] == 0
+            assert stats["talker_ar#0"].free_slots["talker_ar->code2wav"] == 0
+            assert min(stats["thinker#0"].free_slots.values()) == 0  # blocked on one of its edges
+            assert stream._queue.qsize() <= 32 + 64  # the two terminal edges' credits
+            await asyncio.sleep(timeout(1.0))
+            stats2 = await coord.stats()
+            assert stats2["thinker#0"].free_slots == stats["thinker#0"].free_slots
+            rss_after = sum(p.memory_info().rss for p in procs)
+            assert rss_after - rss_before < 8 << 20
+            count = 1
+            async for _ in stream:  # now drain it: the request completes
+                count += 1
+            assert count == 400 + 1 + (800 - 1 + 3) // 4
+            await all_slots_free(coord)
+
+    run(body())
+
+
+def test_abort_mid_stream_is_acknowledged_by_every_stage() -> None:
+    async def body() -> None:
+        async with Coordinator(parse_config(simulated_config(FAST))) as coord:
+            others = [await coord.submit({"max_tokens": 30}) for _ in range(2)]
+            stream = await coord.submit({"max_tokens": 200})
+            async for out in stream:
+                if out.stage == "code2wav":
+                    break
+            t0 = time.monotonic()
+            await coord.abort(stream.request_id)
+            took = time.monotonic() - t0
+            with pytest.raises(RequestAborted):
+                await stream.__anext__()
+            for s in others:  # the other requests are untouched
+                check_complete(await s.collect(), 30)
+            await all_slots_free(coord)
+            assert took < timeout(2.0)
+            await coord.abort(stream.request_id)  # aborting twice is harmless
+
+    run(body())
+
+
+def test_sigkill_of_a_stage_fails_its_requests_and_the_stage_comes_back() -> None:
+    async def body() -> None:
+        start_segments = len(list_segments(os.getpid()))
+        async with Coordinator(parse_config(simulated_config(FAST))) as coord:
+            # Both requests are still using the talker when it dies.
+            done = await coord.submit({"max_tokens": 60})
+            await done.__anext__()
+            victim = await coord.submit({"max_tokens": 60})
+            async for out in victim:
+                if out.stage == "code2wav":
+                    break
+            old_pid = coord.pid_of("talker_ar#0")
+            t0 = time.monotonic()
+            os.kill(old_pid, signal.SIGKILL)
+            with pytest.raises(StageDied, match="talker_ar"):
+                async for _ in victim:
+                    pass
+            assert time.monotonic() - t0 < timeout(1.0)
+            with pytest.raises(StageDied):  # `done` was still using the talker too
+                await done.collect()
+            after = await coord.submit({"max_tokens": 8})
+            check_complete(await after.collect(), 8)
+            assert coord.pid_of("talker_ar#0") != old_pid
+            await all_slots_free(coord)
+
+            # A request that finished with the killed stage goes on while it restarts.
+            survivor = await coord.submit({"max_tokens": 40})
+            await survivor.__anext__()  # a decode output: preprocessing is done with it
+            os.kill(coord.pid_of("preprocessing#0"), signal.SIGKILL)
+            outs = await survivor.collect()
+            assert len(outs["decode"]) == 39
+            again = await coord.submit({"max_tokens": 8})
+            check_complete(await again.collect(), 8)
+            await all_slots_free(coord)
+        assert len(list_segments(os.getpid())) == start_segments
+
+    run(body(), limit_s=90)
+
+
+def test_a_failing_request_does_not_hurt_the_others() -> None:
+    cfg = simulated_config(FAST)
+    cfg["stages"]["thinker"]["executor"] = "tests.integration.executors:FlakyExecutor"
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            good = await coord.submit({"max_tokens": 10})
+            bad = await coord.submit({"max_tokens": 10, "fail_at": "thinker"})
+            with pytest.raises(RequestError, match="asked to fail here"):
+                await bad.collect()
+            check_complete(await good.collect(), 10)
+            await asyncio.sleep(timeout(0.2))  # the background abort of `bad`
+            await all_slots_free(coord)
+
+    run(body())
+
+
+def test_a_stage_that_cannot_start_is_named() -> None:
+    cfg = simulated_config(FAST)
+    cfg["stages"]["code2wav"]["executor"] = "tests.integration.executors:BrokenExecutor"
+
+    async def body() -> None:
+        with pytest.raises(StartupError, match=r"code2wav.*no weights for code2wav"):
+            await Coordinator(parse_config(cfg)).start()
+
+    start_segments = len(list_segments(os.getpid()))
+    run(body())
+    assert len(list_segments(os.getpid())) == start_segments
+
+
+def test_segments_left_by_a_killed_server_are_cleaned_at_the_next_start(tmp_path) -> None:
+    script = tmp_path / "server.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, sys
+            import numpy as np
+            sys.path.insert(0, {str(ROOT)!r})
+            from realtime_omni.pipeline.config import parse_config
+            from realtime_omni.pipeline.coordinator import Coordinator
+            from tests.conftest import simulated_config
+
+            async def main():
+                coord = Coordinator(parse_config(simulated_config(0.1)))
+                await coord.start()
+                audio = np.zeros(64000, np.float32)  # big enough for a shm slot
+                stream = await coord.submit({{"max_tokens": 4, "audio": audio}})
+                await stream.collect()
+                print("ready", flush=True)
+                await asyncio.sleep(3600)
+
+            asyncio.run(main())
+            """
+        )
+    )
+    server = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().strip() == b"ready"
+        children = psutil.Process(server.pid).children()
+        assert len(list_segments(server.pid)) > 0
+        server.kill()
+        server.wait()
+        psutil.wait_procs(children, timeout=timeout(5))  # they notice their parent is gone
+        assert not any(c.is_running() and c.status() != "zombie" for c in children)
+        assert list_segments(server.pid)  # the coordinator's own segment stays behind
+
+        async def body() -> None:
+            async with Coordinator(parse_config(simulated_config(FAST))):
+                assert list_segments(server.pid) == []
+
+        run(body())
+    finally:
+        server.kill()

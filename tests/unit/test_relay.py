@@ -1,0 +1,172 @@
+"""Outlet/Inlet in one process: frames are passed as a list, no sockets."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from realtime_omni.errors import PayloadTooLarge, RequestError
+from realtime_omni.pipeline.graph import Edge
+from realtime_omni.pipeline.messages import DataReady, decode, encode
+from realtime_omni.pipeline.relay import Inlet, Outlet, copy_payload, payload_nbytes
+from realtime_omni.pipeline.shm import SHM_DIR, list_segments, segment_name, unlink_segments
+
+PID = os.getpid()
+
+
+@pytest.fixture
+def process() -> Iterator[str]:
+    """A process name of this test's own; its segments are gone afterwards."""
+    name = f"t-relay-{uuid.uuid4().hex[:12]}#0"
+    yield name
+    unlink_segments(segment_name(PID, name, ""))
+
+
+def edge(transport: str, slots: int = 2, slot_bytes: int = 1 << 16) -> Edge:
+    return Edge("a", "b", "once", transport, slots, slot_bytes)
+
+
+def mine(process: str) -> list[str]:
+    prefix = segment_name(PID, process, "")
+    return [s for s in list_segments(PID) if s.startswith(prefix)]
+
+
+def send(outlet: Outlet, payload: dict[str, Any], rid: str = "r1") -> tuple[DataReady, list[Any]]:
+    """Pack, then do what the socket would: encode the message, copy the frames."""
+    slot = outlet.acquire(rid, "b#0")
+    assert slot is not None
+    msg, frames = outlet.pack(rid, slot, payload, {"b": 0})
+    back = decode(encode(msg))
+    assert isinstance(back, DataReady)
+    return back, [encode(msg), *(bytearray(f) for f in frames)]
+
+
+def arrays() -> dict[str, np.ndarray]:
+    f32 = np.arange(48, dtype=np.float32).reshape(6, 8)
+    bf16 = np.linspace(-4, 4, 30).astype(ml_dtypes.bfloat16).reshape(5, 6)
+    return {
+        "u8": np.arange(12, dtype=np.uint8).reshape(3, 4),
+        "f32_strided": f32[::2, 1::3],  # not contiguous
+        "f32_scalar": np.array(2.5, dtype=np.float32),
+        "i64": np.array([-(2**62), 0, 2**62], dtype=np.int64),
+        "i64_scalar": np.array(-7, dtype=np.int64),
+        "bf16_t": bf16.T,  # not contiguous
+        "bf16_scalar": np.array(1.5, dtype=ml_dtypes.bfloat16),
+        "empty": np.zeros((0, 3), dtype=np.float32),
+    }
+
+
+META = {"text": "héllo", "n": 3, "f": 0.5, "flag": True, "raw": b"\x00\x01", "nested": {"k": [1]}}
+
+
+@pytest.mark.parametrize("transport", ["inline", "shm"])
+def test_round_trip(process: str, transport: str) -> None:
+    out = Outlet(edge(transport), process, 0, PID, inline_max_bytes=0)
+    inlet = Inlet()
+    sent = arrays()
+    assert not sent["f32_strided"].flags.c_contiguous
+    msg, frames = send(out, {**META, **sent})
+    assert msg.transport == transport
+    assert msg.src_process == process and msg.slot in (0, 1) and msg.route == {"b": 0}
+    got = inlet.open(msg, frames)
+    assert {k: got[k] for k in META} == META
+    assert set(got) == set(META) | set(sent)
+    for k, a in sent.items():
+        b = got[k]
+        assert b.dtype == a.dtype, k
+        assert b.shape == a.shape, k
+        assert np.array_equal(b, a), k
+        assert not b.flags.writeable, k
+        with pytest.raises(ValueError):
+            b[...] = 0
+    assert out.pool.free == 1  # the credit stays out until the receiver's ack
+    owned = copy_payload(got)
+    assert owned["u8"].flags.writeable
+    del got, b
+    inlet.close()
+    out.close()
+
+
+def test_shm_arrays_are_views_of_the_segment(process: str) -> None:
+    out = Outlet(edge("shm", slots=2, slot_bytes=4096), process, 0, PID, inline_max_bytes=0)
+    inlet = Inlet()
+    msg1, f1 = send(out, {"x": np.full(100, 1, np.float32)}, "r1")
+    msg2, f2 = send(out, {"x": np.full(100, 2, np.float32)}, "r2")
+    assert len(f1) == len(f2) == 1  # no array frames: the bytes are in the segment
+    assert msg1.segment == msg2.segment and msg1.slot != msg2.slot
+    assert [r.offset for r in msg1.arrays + msg2.arrays] == [msg1.slot * 4096, msg2.slot * 4096]
+    one, two = inlet.open(msg1, f1), inlet.open(msg2, f2)
+    assert (one["x"] == 1).all() and (two["x"] == 2).all()  # slots do not overlap
+    del one, two
+    inlet.close()
+    out.close()
+
+
+def test_small_payloads_on_shm_edges_ride_inline(process: str) -> None:
+    out = Outlet(edge("shm"), process, 0, PID, inline_max_bytes=1024)
+    msg, frames = send(out, {"x": np.zeros(16, np.float32)})
+    assert msg.transport == "inline"
+    assert len(frames) == 2
+    assert out.segment is None and mine(process) == []
+    assert np.array_equal(Inlet().open(msg, frames)["x"], np.zeros(16, np.float32))
+
+
+def test_payload_without_arrays(process: str) -> None:
+    out = Outlet(edge("shm"), process, 0, PID, inline_max_bytes=0)
+    msg, frames = send(out, {"text": "only meta"})
+    assert (msg.transport, msg.arrays, len(frames)) == ("inline", [], 1)
+    assert Inlet().open(msg, frames) == {"text": "only meta"}
+
+
+def test_payload_too_large_names_edge_and_fix_and_frees_the_slot(process: str) -> None:
+    out = Outlet(edge("shm", slots=2, slot_bytes=256), process, 0, PID, inline_max_bytes=0)
+    payload = {"x": np.zeros(100, np.float32)}  # 400 bytes, 448 aligned
+    assert payload_nbytes(payload) == 448
+    slot = out.acquire("r1", "b#0")
+    assert slot is not None
+    with pytest.raises(PayloadTooLarge) as info:
+        out.pack("r1", slot, payload, {})
+    msg = str(info.value)
+    assert "a->b" in msg
+    assert "256" in msg
+    assert "Fix: add {src: a, dst: b, slot_bytes: 448}" in msg
+    assert out.pool.free == 2 and out.pool.held("r1") == 0
+    assert out.segment is None and mine(process) == []
+
+
+def test_object_dtype_is_refused_and_frees_the_slot(process: str) -> None:
+    out = Outlet(edge("inline"), process, 0, PID, inline_max_bytes=0)
+    slot = out.acquire("r1", "b#0")
+    assert slot is not None
+    with pytest.raises(RequestError, match="'bad' has dtype object"):
+        out.pack("r1", slot, {"bad": np.array([object()], dtype=object)}, {})
+    assert out.pool.free == 2
+
+
+def test_close_unlinks_the_segment(process: str) -> None:
+    out = Outlet(edge("shm"), process, 3, PID, inline_max_bytes=0)
+    msg, _ = send(out, {"x": np.ones(64, np.uint8)})
+    assert msg.segment == segment_name(PID, process, 3, "a", "b")
+    assert (SHM_DIR / msg.segment).exists()
+    assert mine(process) == [msg.segment]
+    out.close()
+    assert not (SHM_DIR / msg.segment).exists()
+    assert mine(process) == []
+    out.close()  # twice is harmless
+
+
+def test_inlet_forget_drops_the_senders_mapping(process: str) -> None:
+    out = Outlet(edge("shm"), process, 0, PID, inline_max_bytes=0)
+    inlet = Inlet()
+    msg, frames = send(out, {"x": np.ones(8, np.float64)})
+    inlet.open(msg, frames)
+    assert msg.segment in inlet._segments
+    inlet.forget(process, PID)
+    assert msg.segment not in inlet._segments
+    out.close()

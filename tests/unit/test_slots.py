@@ -1,0 +1,88 @@
+"""SlotPool: credits per edge, per-request counts, reclaim of a dead peer's slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from realtime_omni.pipeline.slots import SlotPool
+
+
+def test_acquire_until_exhausted() -> None:
+    pool = SlotPool(3)
+    slots = [pool.acquire("r1", "p#0") for _ in range(3)]
+    assert sorted(slots) == [0, 1, 2]  # type: ignore[type-var]
+    assert pool.free == 0
+    assert pool.acquire("r2", "p#0") is None
+    assert pool.free == 0
+    assert pool.held("r2") == 0
+
+
+def test_release_gives_the_request_and_frees_the_slot() -> None:
+    pool = SlotPool(2)
+    a = pool.acquire("r1", "p#0")
+    b = pool.acquire("r2", "p#0")
+    assert a is not None and b is not None
+    assert pool.release(b) == "r2"
+    assert pool.free == 1
+    assert pool.acquire("r3", "p#0") == b  # the freed slot is lent again
+    assert pool.release(a) == "r1"
+
+
+def test_double_and_unknown_release() -> None:
+    pool = SlotPool(2)
+    s = pool.acquire("r1", "p#0")
+    assert s is not None
+    assert pool.release(s) == "r1"
+    assert pool.release(s) is None
+    assert pool.release(99) is None
+    assert pool.release(-1) is None
+    assert pool.free == 2
+    # the duplicates did not put a slot in the free list twice
+    assert {pool.acquire("r", "p#0"), pool.acquire("r", "p#0")} == {0, 1}
+    assert pool.acquire("r", "p#0") is None
+
+
+def test_held_per_request() -> None:
+    pool = SlotPool(4)
+    s1 = pool.acquire("r1", "p#0")
+    s2 = pool.acquire("r1", "q#0")
+    pool.acquire("r2", "p#0")
+    assert (pool.held("r1"), pool.held("r2"), pool.held("r3")) == (2, 1, 0)
+    assert s1 is not None and s2 is not None
+    pool.release(s1)
+    assert pool.held("r1") == 1
+    pool.release(s2)
+    assert pool.held("r1") == 0
+    assert pool.held("r2") == 1
+
+
+def test_reclaim_takes_only_that_peers_slots() -> None:
+    pool = SlotPool(5)
+    pool.acquire("r1", "dead#0")
+    keep = pool.acquire("r1", "live#0")
+    pool.acquire("r2", "dead#0")
+    pool.acquire("r3", "live#0")
+    assert sorted(pool.reclaim("dead#0")) == ["r1", "r2"]
+    assert pool.free == 3
+    assert (pool.held("r1"), pool.held("r2"), pool.held("r3")) == (1, 0, 1)
+    assert pool.reclaim("dead#0") == []
+    assert pool.reclaim("nobody#0") == []
+    assert keep is not None
+    assert pool.release(keep) == "r1"  # the live peer's ack still counts
+
+
+def test_late_ack_after_reclaim_is_ignored() -> None:
+    pool = SlotPool(2)
+    s = pool.acquire("r1", "dead#0")
+    assert s is not None
+    pool.reclaim("dead#0")
+    other = pool.acquire("r2", "live#0")
+    assert other != s  # freed slots go to the back of the queue
+    assert pool.release(s) is None
+    assert (pool.free, pool.held("r2")) == (1, 1)
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_needs_a_slot(n: int) -> None:
+    with pytest.raises(ValueError, match="at least one slot"):
+        SlotPool(n)
