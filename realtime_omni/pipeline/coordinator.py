@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import select
 import shutil
@@ -49,6 +50,7 @@ from realtime_omni.pipeline.relay import Inlet, Outlet, Payload, copy_payload
 from realtime_omni.pipeline.shm import clean_stale_segments, segment_name, unlink_segments
 from realtime_omni.pipeline.worker import ARGS_ENV, SNDHWM, WorkerArgs
 
+log = logging.getLogger(__name__)
 _MONITOR_S = 0.05  # sentinel poll period of the monitor thread
 _END = object()
 
@@ -356,7 +358,17 @@ class Coordinator:
                 continue
             req.abort_waiting.update(self.graph.groups[group_of(p)].stages)
             self._send(p, m.Abort(req.rid))
+        self.loop.call_later(self.cfg.runtime.abort_timeout_s, self._abort_expired, req)
         self._check_abort(req)
+
+    def _abort_expired(self, req: _Request) -> None:
+        if self._requests.get(req.rid) is req and req.abort_waiting:
+            log.error(
+                "abort of %s not acknowledged by %s; forgetting it",
+                req.rid,
+                sorted(req.abort_waiting),
+            )
+            self._forget(req.rid)
 
     def _check_abort(self, req: _Request) -> None:
         if req.abort_waiting is not None and not req.abort_waiting:

@@ -145,7 +145,8 @@ class Graph:
         if process == CLIENT:
             port, host = rt.base_port, rt.bind_host
         else:
-            port = rt.base_port + 1 + self.processes().index(process)
+            # By sorted name, so hosts agree whatever order their copy of the config lists.
+            port = rt.base_port + 1 + sorted(self.processes()).index(process)
             h = self.groups[group_of(process)].host
             host = self.cfg.hosts[h].address if h else rt.bind_host
         return f"tcp://{host}:{port}"

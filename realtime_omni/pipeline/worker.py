@@ -327,6 +327,9 @@ class Worker:
                 assert e is not None and out.payload is not None
                 outlet = self.outlets[(e.src, e.dst)]
                 peer = self._process_of(e.dst, route)
+                if peer in self.down:  # the coordinator fails every request that needed it
+                    box.popleft()
+                    continue
                 slot = outlet.acquire(rid, peer)
                 if slot is None:
                     return  # backpressure: wait for an ack

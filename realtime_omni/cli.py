@@ -1,0 +1,117 @@
+"""The `realtime-omni` command.
+
+realtime-omni check --config C         validate a config and print its stage graph
+realtime-omni run --config C           stream requests through the pipeline, print timings
+realtime-omni stage --config C --process NAME
+                                       run one stage process on this host (for stages
+                                       whose `host` is this machine; the coordinator's
+                                       host starts the rest)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+from realtime_omni.errors import OmniError
+from realtime_omni.pipeline.config import load_config
+from realtime_omni.pipeline.graph import Graph
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="realtime-omni", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate a config and print its stage graph")
+    check.add_argument("--config", required=True)
+    run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
+    run.add_argument("--config", required=True)
+    run.add_argument("--requests", type=int, default=5, help="requests, one after another")
+    run.add_argument("--max-tokens", type=int, default=32)
+    stage = sub.add_parser("stage", help="run one stage process of a multi-host pipeline")
+    stage.add_argument("--config", required=True)
+    stage.add_argument("--process", required=True, help="group#replica, e.g. talker_ar#0")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check(args.config)
+        if args.command == "run":
+            return asyncio.run(_run(args.config, args.requests, args.max_tokens))
+        return _stage(args.config, args.process)
+    except OmniError as e:
+        print(f"realtime-omni: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _check(path: str) -> int:
+    graph = Graph(load_config(path))
+    for name, group in graph.groups.items():
+        where = f" on host {group.host}" if group.host else ""
+        print(f"process {name} x{group.replicas}{where}: {', '.join(group.stages)}")
+    for e in graph.edges:
+        print(f"  {e.key:32} {e.kind:6} {e.transport:9} {e.slots:4} slots x {e.slot_bytes} B")
+    return 0
+
+
+async def _run(path: str, requests: int, max_tokens: int) -> int:
+    from realtime_omni.pipeline.coordinator import Coordinator
+
+    cfg = load_config(path)
+    t0 = time.monotonic()
+    async with Coordinator(cfg) as coord:
+        print(
+            f"{len(coord.graph.processes())} stage processes ready in {time.monotonic() - t0:.1f} s"
+        )
+        firsts, totals = [], []
+        for i in range(requests):
+            start = time.monotonic()
+            first = None
+            stream = await coord.submit({"max_tokens": max_tokens})
+            async for out in stream:
+                if first is None and "pcm" in out.data:
+                    first = time.monotonic() - start
+            totals.append(time.monotonic() - start)
+            firsts.append(first or float("nan"))
+            print(
+                f"request {i}: first audio {firsts[-1] * 1e3:.1f} ms, done {totals[-1] * 1e3:.1f} ms"
+            )
+        print(
+            f"median first audio {statistics.median(firsts) * 1e3:.1f} ms, "
+            f"median total {statistics.median(totals) * 1e3:.1f} ms"
+        )
+    return 0
+
+
+def _stage(path: str, process: str) -> int:
+    from realtime_omni.pipeline.worker import WorkerArgs, worker_main
+
+    cfg = load_config(path)
+    graph = Graph(cfg)
+    if not graph.use_tcp:
+        raise OmniError(
+            "the stage command runs stages of a multi-host config; this config declares no "
+            "`hosts`, so the coordinator starts every stage itself"
+        )
+    if process not in graph.processes():
+        raise OmniError(f"--process {process!r}: not in this config; one of {graph.processes()}")
+    worker_main(
+        WorkerArgs(
+            config=cfg.model_dump(),
+            process=process,
+            epoch=0,
+            epochs={p: 0 for p in graph.processes()},
+            ipc_dir=cfg.runtime.ipc_dir or "",
+            owner_pid=os.getpid(),
+            watch_parent=False,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Placement: stages sharing a process, replicas, and a stage on another host over TCP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from realtime_omni.errors import StageDied
+from realtime_omni.pipeline.config import parse_config
+from realtime_omni.pipeline.coordinator import Coordinator
+from tests.conftest import ROOT, run, simulated_config, timeout
+from tests.integration.test_pipeline import all_slots_free, check_complete
+
+FAST = 0.2
+
+
+def test_stages_sharing_a_process_hand_over_by_reference() -> None:
+    cfg = simulated_config(FAST)
+    for name in ("thinker", "decode", "talker_ar", "code2wav"):
+        cfg["stages"][name]["process"] = "gpu0"
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            assert coord.graph.edge("thinker", "talker_ar").transport == "reference"
+            assert len(coord.graph.processes()) == 4
+            streams = [await coord.submit({"max_tokens": 12}) for _ in range(4)]
+            for s in streams:
+                check_complete(await s.collect(), 12)
+            stream = await coord.submit({"max_tokens": 200})
+            async for out in stream:
+                if out.stage == "code2wav":
+                    break
+            await coord.abort(stream.request_id)
+            await all_slots_free(coord)
+
+    run(body())
+
+
+def test_replicas_share_the_load_and_a_request_stays_on_one() -> None:
+    cfg = simulated_config(FAST)
+    cfg["stages"]["talker_ar"]["replicas"] = 2
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            assert "talker_ar#1" in coord.graph.processes()
+            streams = [await coord.submit({"max_tokens": 10}) for _ in range(6)]
+            routes = [coord._requests[s.request_id].route["talker_ar"] for s in streams]
+            assert sorted(set(routes)) == [0, 1]
+            for s in streams:
+                check_complete(await s.collect(), 10)
+            await all_slots_free(coord)
+
+    run(body())
+
+
+def _free_port_block(n: int) -> int:
+    """A base port with n free ports after it (best effort: nothing else should race us)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65000:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")
+
+
+def test_a_stage_on_another_host_runs_over_tcp(tmp_path) -> None:
+    cfg = simulated_config(FAST, base_port=_free_port_block(10), heartbeat_timeout_s=1.0)
+    cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
+    cfg["stages"]["talker_ar"]["host"] = "box-b"
+    path = tmp_path / "two-hosts.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    command = [
+        sys.executable,
+        "-m",
+        "realtime_omni.cli",
+        "stage",
+        "--config",
+        str(path),
+        "--process",
+        "talker_ar#0",
+    ]
+
+    async def body() -> None:
+        remote = subprocess.Popen(command, cwd=ROOT)
+        try:
+            async with Coordinator(parse_config(cfg)) as coord:
+                assert coord.graph.edge("thinker", "talker_ar").transport == "tcp"
+                assert coord.graph.endpoint("talker_ar#0", 0, tmp_path).startswith("tcp://")
+                check_complete(await (await coord.submit({"max_tokens": 10})).collect(), 10)
+
+                stream = await coord.submit({"max_tokens": 300})
+                async for out in stream:
+                    if out.stage == "code2wav":
+                        break
+                os.kill(remote.pid, signal.SIGKILL)  # the other host goes away
+                remote.wait()
+                with pytest.raises(StageDied, match="talker_ar"):
+                    await stream.collect()
+
+                remote = subprocess.Popen(command, cwd=ROOT)  # and comes back
+                again = await asyncio.wait_for(coord.submit({"max_tokens": 10}), timeout(30))
+                check_complete(await again.collect(), 10)
+                await all_slots_free(coord)
+        finally:
+            remote.kill()
+            remote.wait()
+
+    run(body(), limit_s=90)
