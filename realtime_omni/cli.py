@@ -77,9 +77,8 @@ async def _run(path: str, requests: int, max_tokens: int) -> int:
                     first = time.monotonic() - start
             totals.append(time.monotonic() - start)
             firsts.append(first or float("nan"))
-            print(
-                f"request {i}: first audio {firsts[-1] * 1e3:.1f} ms, done {totals[-1] * 1e3:.1f} ms"
-            )
+            first_ms, total_ms = firsts[-1] * 1e3, totals[-1] * 1e3
+            print(f"request {i}: first audio {first_ms:.1f} ms, done {total_ms:.1f} ms")
         print(
             f"median first audio {statistics.median(firsts) * 1e3:.1f} ms, "
             f"median total {statistics.median(totals) * 1e3:.1f} ms"

@@ -18,8 +18,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 
 from realtime_omni.pipeline.messages import ArrayRef
-
-_ALIGN = 256
+from realtime_omni.pipeline.relay import ALIGN
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -47,7 +46,7 @@ class CudaSlots:
                 dst.copy_(t, non_blocking=True)
                 dtype = str(t.dtype).removeprefix("torch.")
                 refs.append(ArrayRef(name, dtype, tuple(t.shape), -1, offset, n))
-                offset += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+                offset += (n + ALIGN - 1) // ALIGN * ALIGN
             torch.cuda.current_stream().synchronize()
         return refs
 

@@ -33,7 +33,7 @@ from realtime_omni.pipeline.shm import Segment, segment_name
 from realtime_omni.pipeline.slots import SlotPool
 
 Payload = dict[str, Any]
-ALIGN = 64
+ALIGN = 256  # array offsets in a slot, and slot strides (CUDA likes 256)
 
 
 @cache
@@ -65,8 +65,14 @@ def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any]]:
     return meta, arrays
 
 
+def _needed(arrays: dict[str, Any]) -> int:
+    """Bytes a slot needs for these arrays: each starts aligned, the last is not padded."""
+    sizes = [a.nbytes for a in arrays.values()]
+    return sum(_aligned(n) for n in sizes[:-1]) + (sizes[-1] if sizes else 0)
+
+
 def payload_nbytes(payload: Payload) -> int:
-    return sum(_aligned(v.nbytes) for v in split_payload(payload)[1].values())
+    return _needed(split_payload(payload)[1])
 
 
 class Outlet:
@@ -86,6 +92,7 @@ class Outlet:
         self.process = process
         self.pool = SlotPool(edge.slots)
         self.inline_max_bytes = inline_max_bytes
+        self.stride = _aligned(edge.slot_bytes)  # so every slot starts aligned
         self._segment_name = segment_name(owner_pid, process, epoch, edge.src, edge.dst)
         self.segment: Segment | None = None
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
@@ -108,7 +115,7 @@ class Outlet:
         self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
     ) -> tuple[DataReady, list[Any]]:
         meta, arrays = split_payload(payload)
-        total = sum(_aligned(a.nbytes) for a in arrays.values())
+        total = _needed(arrays)
         e = self.edge
         msg = DataReady(
             request_id=request_id,
@@ -133,7 +140,7 @@ class Outlet:
             from realtime_omni.pipeline.cuda_ipc import CudaSlots, can_access, to_numpy
 
             if can_access(cuda[0].device, self.dst_device):
-                self.cuda = CudaSlots(cuda[0].device, e.slots, e.slot_bytes, self._segment_name)
+                self.cuda = CudaSlots(cuda[0].device, e.slots, self.stride, self._segment_name)
             else:  # the GPUs cannot reach each other: stage through shared memory
                 arrays = {k: to_numpy(v) if _is_cuda(v) else v for k, v in arrays.items()}
                 cuda = []
@@ -147,9 +154,9 @@ class Outlet:
             msg.arrays = self.cuda.write(slot, arrays)
         elif e.transport in ("shm", "cuda_ipc") and total > self.inline_max_bytes:
             if self.segment is None:
-                self.segment = Segment(self._segment_name, e.slots * e.slot_bytes, create=True)
+                self.segment = Segment(self._segment_name, e.slots * self.stride, create=True)
             msg.transport, msg.segment = "shm", self.segment.name
-            offset = slot * e.slot_bytes
+            offset = slot * self.stride
             for name, a in arrays.items():
                 view = np.frombuffer(self.segment.buf, a.dtype, a.size, offset).reshape(a.shape)
                 np.copyto(view, a)

@@ -126,8 +126,8 @@ def test_payload_without_arrays(process: str) -> None:
 
 def test_payload_too_large_names_edge_and_fix_and_frees_the_slot(process: str) -> None:
     out = Outlet(edge("shm", slots=2, slot_bytes=256), process, 0, PID, inline_max_bytes=0)
-    payload = {"x": np.zeros(100, np.float32)}  # 400 bytes, 448 aligned
-    assert payload_nbytes(payload) == 448
+    payload = {"x": np.zeros(100, np.float32), "y": np.zeros(3, np.uint8)}
+    assert payload_nbytes(payload) == 512 + 3  # y starts at the next 256-byte boundary
     slot = out.acquire("r1", "b#0")
     assert slot is not None
     with pytest.raises(PayloadTooLarge) as info:
@@ -135,7 +135,7 @@ def test_payload_too_large_names_edge_and_fix_and_frees_the_slot(process: str) -
     msg = str(info.value)
     assert "a->b" in msg
     assert "256" in msg
-    assert "Fix: add {src: a, dst: b, slot_bytes: 448}" in msg
+    assert "Fix: add {src: a, dst: b, slot_bytes: 515}" in msg
     assert out.pool.free == 2 and out.pool.held("r1") == 0
     assert out.segment is None and mine(process) == []
 
