@@ -86,7 +86,12 @@ class RuntimeConfig(_Strict):
         default=16384, ge=0, description="Payloads up to this size ride in the control message."
     )
     default_slots: int = Field(default=8, ge=1, le=4096, description="Credits per edge.")
-    default_slot_bytes: int = Field(default=1 << 20, ge=64, description="Slot size per edge.")
+    default_slot_bytes: int = Field(
+        default=256 << 10,
+        ge=64,
+        description="Slot size per edge; an edge whose payloads are larger sets its own "
+        "`slot_bytes` (an oversized payload fails its request with the fix in the message).",
+    )
     max_requests: int = Field(
         default=256, ge=1, description="Requests in flight at once; more wait in submit()."
     )

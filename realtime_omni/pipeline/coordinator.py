@@ -351,6 +351,7 @@ class Coordinator:
             ) from None
 
     def _start_abort(self, req: _Request) -> None:
+        req.stream._drain()  # unread outputs hold credits the stages wait for before acking
         req.abort_done = self.loop.create_future()
         req.abort_waiting = set()
         for p in self._route_processes(req.route):

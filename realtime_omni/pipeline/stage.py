@@ -40,6 +40,8 @@ class Stage:
         self.started: set[str] = set()
         self.closed: OrderedDict[str, None] = OrderedDict()
         self.failures: list[tuple[str, str]] = []  # (request_id, message); the worker drains it
+        self.stepping = False
+        self._abort_after_step: set[str] = set()
 
     @property
     def active(self) -> int:
@@ -93,14 +95,31 @@ class Stage:
                 ok = self._call(rid, self.executor.end_stream, rid, s)
 
     def step(self) -> list[Emit]:
+        """One executor step, all in the calling thread (see `begin_step` for the split form)."""
+        self.begin_step()
         try:
-            return self.executor.step()
+            emits, error = self.executor.step(), None
         except Exception as e:
-            rid = getattr(e, "request_id", None)
+            emits, error = [], e
+        return self.end_step(emits, error)
+
+    def begin_step(self) -> None:
+        """From here until `end_step`, another thread may abort requests: their executor state
+        is dropped after the step, and what the step emits for them is discarded."""
+        self.stepping = True
+
+    def end_step(self, emits: list[Emit], error: Exception | None) -> list[Emit]:
+        self.stepping = False
+        for rid in self._abort_after_step:
+            self._executor_abort(rid)
+        self._abort_after_step.clear()
+        if error is not None:
+            rid = getattr(error, "request_id", None)
             victims = [rid] if rid in self.started else sorted(self.started)
             for r in victims:
-                self.fail(r, _describe(e))
+                self.fail(r, _describe(error))
             return []
+        return [e for e in emits if e.request_id not in self.closed]
 
     def finish(self, rid: str) -> None:
         """The executor emitted `done` for rid."""
@@ -116,11 +135,17 @@ class Stage:
                 rel()
         if rid in self.started:
             self.started.discard(rid)
-            try:
-                self.executor.abort(rid)
-            except Exception as e:
-                self.failures.append((rid, f"abort failed: {_describe(e)}"))
+            if self.stepping:
+                self._abort_after_step.add(rid)
+            else:
+                self._executor_abort(rid)
         self._close(rid)
+
+    def _executor_abort(self, rid: str) -> None:
+        try:
+            self.executor.abort(rid)
+        except Exception as e:
+            self.failures.append((rid, f"abort failed: {_describe(e)}"))
 
     def fail(self, rid: str, message: str) -> None:
         """The request failed here: drop it and report it (the coordinator then aborts it)."""

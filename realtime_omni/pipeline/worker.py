@@ -12,6 +12,7 @@ Started by the coordinator (`worker_main` in a spawned process) or on another ho
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from realtime_omni.pipeline.stage import Stage
 # payload, one ack per payload) plus a few control messages per request, so this never binds.
 SNDHWM = 100_000
 MAX_DRAIN = 1000  # messages read per loop turn before stepping the stages again
+CONTROL_POLL_S = 0.001  # how often the inbox is read while a model step runs
 ARGS_ENV = "RTO_WORKER_ARGS"  # how the coordinator passes WorkerArgs to a process it starts
 
 
@@ -140,6 +142,8 @@ class Worker:
                     e, self.me, args.epoch, args.owner_pid, rt.inline_max_bytes, dev
                 )
         self.running = True
+        self._lock = threading.Lock()
+        self._stepping = threading.Event()
 
     # ---- sockets -----------------------------------------------------------------------
 
@@ -172,12 +176,18 @@ class Worker:
     # ---- loop --------------------------------------------------------------------------
 
     def run(self) -> None:
+        """The loop. It holds `_lock` except inside a model step and while idle; during a step
+        the control thread takes the lock to handle what arrives (aborts above all), so an
+        abort is acknowledged without waiting for a long step (a prefill) to end."""
         parent = os.getppid()
         self._to_coordinator(m.Ready(self.me, self.args.epoch, os.getpid()))
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         beat_every = self.cfg.runtime.heartbeat_interval_s
         next_beat = time.monotonic() + beat_every
+        control = threading.Thread(target=self._control, name="rto-control", daemon=True)
+        self._lock.acquire()
+        control.start()
         try:
             while self.running:
                 busy = self._drain()
@@ -189,9 +199,40 @@ class Worker:
                     if self.args.watch_parent and os.getppid() != parent:
                         break  # the coordinator is gone: nothing will ever ask us again
                 if not busy and self.running:
-                    poller.poll(timeout=beat_every * 1000)
+                    self._lock.release()
+                    try:
+                        poller.poll(timeout=beat_every * 1000)
+                    finally:
+                        self._lock.acquire()
         finally:
+            self.running = False
+            self._lock.release()
+            control.join()
             self.close()
+
+    def _control(self) -> None:
+        """While a stage steps, read the inbox every `CONTROL_POLL_S` (under the lock)."""
+        while self.running:
+            if not self._stepping.wait(timeout=0.2):
+                continue
+            time.sleep(CONTROL_POLL_S)
+            with self._lock:
+                if self._stepping.is_set() and self.running:
+                    self._drain()
+
+    def _step(self, stage: Stage) -> list[Emit]:
+        """Run one executor step with the lock released (see `run`)."""
+        stage.begin_step()
+        self._stepping.set()
+        self._lock.release()
+        try:
+            emits, error = stage.executor.step(), None
+        except Exception as e:
+            emits, error = [], e
+        finally:
+            self._lock.acquire()
+            self._stepping.clear()
+        return stage.end_step(emits, error)
 
     def _drain(self) -> bool:
         batch = []
@@ -218,7 +259,7 @@ class Worker:
             busy |= self._deliver(name)
             if not self.outbox[name] and stage.executor.has_work():
                 busy = True
-                for emit in stage.step():
+                for emit in self._step(stage):
                     self._route(name, emit)
                 self._flush(name)
             self._report_failures(stage)

@@ -342,7 +342,7 @@ def test_simulated_config_loads() -> None:
     assert (c.edges[0].src, c.edges[0].dst, c.edges[0].slot_bytes) == (
         "preprocessing",
         "image_encoder",
-        2621440,
+        2408448,
     )
 
 

@@ -122,12 +122,12 @@ def test_explicit_wait_for_is_kept() -> None:
 def test_edge_overrides_of_slots_and_slot_bytes(sim: Graph) -> None:
     rt = sim.cfg.runtime
     e = sim.edge("preprocessing", "image_encoder")
-    assert (e.slots, e.slot_bytes) == (rt.default_slots, 2621440)
+    assert (e.slots, e.slot_bytes) == (rt.default_slots, 2408448)
     e = sim.edge("thinker", "talker_ar")
     assert (e.slots, e.slot_bytes) == (64, rt.default_slot_bytes)
     e = sim.edge("code2wav", CLIENT)
     assert (e.slots, e.slot_bytes) == (32, rt.default_slot_bytes)
-    e = sim.edge("preprocessing", "audio_encoder")  # no override
+    e = sim.edge("preprocessing", "thinker")  # no override
     assert (e.slots, e.slot_bytes) == (rt.default_slots, rt.default_slot_bytes)
 
 
