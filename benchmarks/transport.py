@@ -89,8 +89,9 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 # ---- receivers (spawned processes: the parent owns every cleanup, so they ignore Ctrl-C) ----
 
 
-def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int) -> None:
-    """Answer every DataReady with a DataAck, recording its latency; send them on `stop`."""
+def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, copy: bool) -> None:
+    """Answer every DataReady with a DataAck, recording its latency; send them on `stop`.
+    Frames are received as the worker does: copied on ipc, zero-copy on tcp."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx, inlet = zmq.Context(), Inlet()
     lat: Latencies = {}
@@ -102,8 +103,8 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int) 
         while os.getppid() == parent_pid:  # not orphaned
             if not inbox.poll(1000):
                 continue
-            frames = inbox.recv_multipart(copy=False)
-            msg = m.decode(frames[0].buffer)
+            frames = inbox.recv_multipart(copy=copy)
+            msg = m.decode(getattr(frames[0], "buffer", frames[0]))
             assert isinstance(msg, m.DataReady)
             payload = inlet.open(msg, frames)
             if payload.get("stop"):
@@ -189,7 +190,9 @@ def run_zmq(
     ack_at = bind(acks, where if transport == "tcp" else f"{where}-ack.sock")
     inbox_at = where if transport == "tcp" else f"{where}-in.sock"
     proc = spawn.Process(
-        target=zmq_receiver, args=(inbox_at, ack_at, child_conn, os.getpid()), daemon=True
+        target=zmq_receiver,
+        args=(inbox_at, ack_at, child_conn, os.getpid(), transport != "tcp"),
+        daemon=True,
     )
 
     def send(payload: Payload) -> None:

@@ -418,9 +418,9 @@ class Coordinator:
 
     async def _receive(self) -> None:
         while True:
-            frames = await self.inbox.recv_multipart(copy=False)
+            frames = await self.inbox.recv_multipart(copy=not self.graph.use_tcp)
             try:
-                self._handle(m.decode(frames[0].buffer), frames)
+                self._handle(m.decode(getattr(frames[0], "buffer", frames[0])), frames)
             except Exception as e:  # a bug must not kill the receive loop silently
                 import traceback
 

@@ -1,7 +1,8 @@
 """Every control-plane message of the runtime, as msgspec structs.
 
 A message travels as one ZMQ multipart message: frame 0 is the msgpack-encoded struct, and the
-frames after it are raw array buffers for payloads sent inline (`ArrayRef.frame` points at them).
+frames after it are raw array buffers for large payloads sent inline (`ArrayRef.frame` points
+at them); small arrays ride in `DataReady.blob` (frame 0).
 
 Addresses: stages are named by the config; the caller side (the coordinator) is the pseudo
 stage `CLIENT`. A process is named by its config name plus replica index, e.g. `gpu0#0`.
@@ -19,8 +20,8 @@ CLIENT = "client"
 class ArrayRef(msgspec.Struct, array_like=True):
     """Where one array of a payload lives and how to view it.
 
-    `frame` >= 1 is an inline ZMQ frame; otherwise the bytes sit at `offset` in the slot
-    named by the enclosing `DataReady` (shared memory or CUDA IPC).
+    `frame` >= 1 is an inline ZMQ frame; 0 is `DataReady.blob` at `offset`; -1 is `offset` in
+    the slot named by the enclosing `DataReady` (shared memory or CUDA IPC).
     """
 
     name: str
@@ -46,6 +47,7 @@ class DataReady(msgspec.Struct, tag=True):
     transport: str  # "inline" | "shm" | "cuda_ipc"
     segment: str = ""  # shm segment name, or CUDA IPC pool id
     handle: bytes = b""  # CUDA IPC pool handle, read once per pool by the receiver
+    blob: bytes = b""  # small arrays' bytes, back to back
 
 
 class DataAck(msgspec.Struct, tag=True):

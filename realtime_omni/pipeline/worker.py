@@ -109,6 +109,9 @@ class Worker:
         self.inbox.setsockopt(zmq.RCVHWM, 0)  # bounded by credits, see SNDHWM
         self.inbox.bind(self.graph.endpoint(self.me, args.epoch, self.ipc_dir))
         self.peers: dict[str, zmq.Socket] = {}
+        # Copying small frames out is faster than pyzmq's zero-copy frames; only TCP edges
+        # carry large inline payloads, where zero-copy pays.
+        self.copy_recv = not self.graph.use_tcp
         self.inlet = Inlet()
 
         self.stages: dict[str, Stage] = {}
@@ -238,10 +241,10 @@ class Worker:
         batch = []
         while len(batch) < MAX_DRAIN:
             try:
-                frames = self.inbox.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.inbox.recv_multipart(zmq.NOBLOCK, copy=self.copy_recv)
             except zmq.Again:
                 break
-            batch.append((m.decode(frames[0].buffer), frames))
+            batch.append((m.decode(getattr(frames[0], "buffer", frames[0])), frames))
         # Aborts and peer changes first: data of an aborted request is then dropped unprocessed.
         urgent = (m.Abort, m.PeerDown, m.Shutdown)
         for msg, frames in batch:
