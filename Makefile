@@ -2,7 +2,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint bench clean
+.PHONY: install test lint serve bench clean
+
+CONFIG ?= configs/simulated-qwen3-omni.yaml
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,8 +21,13 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
+# Until the gateway lands this streams requests through the pipeline and prints timings.
+serve: install
+	$(BIN)/realtime-omni run --config $(CONFIG)
+
 bench: install
 	$(BIN)/python benchmarks/transport.py
+	$(BIN)/python benchmarks/abort.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
