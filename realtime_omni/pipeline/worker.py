@@ -5,8 +5,8 @@ changes first, deliver the rest, run one step of each stage that has work and ro
 what the steps emitted, and block on the inbox only when idle. No socket is touched inside a
 model call. Stages of one process hand payloads to each other by reference.
 
-Started by the coordinator (`worker_main` in a spawned process) or on another host by
-`realtime-omni stage` with the same config.
+Started by the coordinator (`python -m realtime_omni.pipeline.worker`, arguments in the
+environment) or on another host by `realtime-omni stage` with the same config.
 """
 
 from __future__ import annotations
@@ -224,8 +224,11 @@ class Worker:
                     self._drain()
 
     def _step(self, stage: Stage) -> list[Emit]:
-        """Run one executor step with the lock released (see `run`)."""
-        stage.begin_step()
+        """Run one executor step with the lock released (see `run`). Aborts that arrive
+        meanwhile reach every stage of the process, but their executors are only called after
+        the step: executors are only ever called from this thread."""
+        for st in self.stages.values():
+            st.begin_step()
         self._stepping.set()
         self._lock.release()
         try:
@@ -235,6 +238,9 @@ class Worker:
         finally:
             self._lock.acquire()
             self._stepping.clear()
+        for st in self.stages.values():
+            if st is not stage:
+                st.end_step([], None)
         return stage.end_step(emits, error)
 
     def _drain(self) -> bool:
