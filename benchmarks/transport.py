@@ -121,6 +121,30 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
         ctx.destroy(linger=0)
 
 
+def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int) -> None:
+    """The zmq_ipc_bare baseline's far end: one frame, 8 bytes of send time then the payload."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = zmq.Context()
+    lat: Latencies = {}
+    inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    acks.setsockopt(zmq.LINGER, 0)
+    try:
+        conn.send(bind(inbox, inbox_at))
+        acks.connect(ack_to)
+        while os.getppid() == parent_pid:  # not orphaned
+            frame = inbox.recv()
+            t1 = time.monotonic_ns()
+            if len(frame) == 8:  # no payload: stop
+                conn.send(lat)
+                return
+            t0, warm = int.from_bytes(frame[:8], "little"), frame[8]
+            if not warm:
+                lat.setdefault(len(frame) - 9, []).append(t1 - t0)
+            acks.send(b"a")
+    finally:
+        ctx.destroy(linger=0)
+
+
 def queue_receiver(q: Any, conn: Connection, parent_pid: int) -> None:
     """The mp_queue_pickle baseline's far end: (nbytes, warm, t_ns, array) items, None to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -223,6 +247,38 @@ def run_zmq(
         ctx.destroy(linger=0)
 
 
+def run_bare(sizes: list[int], iters: int | None, warmup: int, tmp: str) -> Latencies:
+    """The floor under the ipc rows: raw bytes, one frame, PUSH/PULL over ipc://, no runtime."""
+    ctx = zmq.Context()
+    acks, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.LINGER, 0)
+    spawn = mp.get_context("spawn")
+    conn, child_conn = spawn.Pipe()
+    ack_at = bind(acks, f"ipc://{tmp}/bare-ack.sock")
+    proc = spawn.Process(
+        target=bare_receiver,
+        args=(f"ipc://{tmp}/bare-in.sock", ack_at, child_conn, os.getpid()),
+        daemon=True,
+    )
+    try:
+        proc.start()
+        out.connect(wait(conn, START_TIMEOUT_S, "inbox address"))
+        for nbytes in sizes:
+            body = make_array(nbytes).tobytes()
+            for i in range(warmup + iters_for(nbytes, iters)):
+                head = time.monotonic_ns().to_bytes(8, "little") + bytes([i < warmup])
+                out.send(head + body)
+                if not acks.poll(ACK_TIMEOUT_MS):
+                    raise RuntimeError(f"zmq_ipc_bare: no ack within {ACK_TIMEOUT_MS} ms")
+                acks.recv()
+        out.send(b"\0" * 8)
+        return wait(conn, ACK_TIMEOUT_MS / 1000, "latencies")
+    finally:
+        proc.terminate()
+        proc.join()
+        ctx.destroy(linger=0)
+
+
 def run_queue(sizes: list[int], iters: int | None, warmup: int) -> Latencies:
     """The same arrays through a multiprocessing.Queue: pickled, piped, unpickled."""
     spawn = mp.get_context("spawn")
@@ -299,6 +355,8 @@ def main() -> None:
                     results[t] = run_reference(sizes, args.iters, args.warmup)
                 else:
                     results[t] = run_zmq(t, sizes, args.iters, args.warmup, tmp)
+            print("measuring zmq_ipc_bare ...", file=sys.stderr, flush=True)
+            bare_lat = run_bare(sizes, args.iters, args.warmup, tmp)
         print("measuring mp_queue_pickle ...", file=sys.stderr, flush=True)
         queue_lat = run_queue(sizes, args.iters, args.warmup)
     finally:
@@ -316,20 +374,25 @@ def main() -> None:
         for n in sizes
     ]
     queue_us = {n: pct_us(queue_lat[n], 50) for n in sizes}
+    bare_us = {n: pct_us(bare_lat[n], 50) for n in sizes}
+    named = (("memcpy", memcpy_us), ("mp_queue_pickle", queue_us), ("zmq_ipc_bare", bare_us))
     baselines = [
         {"name": name, "payload_bytes": n, "p50_us": us}
-        for name, p50s in (("memcpy", memcpy_us), ("mp_queue_pickle", queue_us))
+        for name, p50s in named
         for n, us in p50s.items()
     ]
 
-    head = ("transport", "bytes", "p50 us", "p99 us", "memcpy p50", "mp.Queue p50", "verdict")
-    print("{:<10} {:>9} {:>9} {:>9} {:>11} {:>13}  {}".format(*head))
+    head = ("transport", "bytes", "p50 us", "p99 us", "memcpy", "mp.Queue", "zmq bare", "verdict")
+    print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}".format(*head))
     for r in rows:
         n = r["payload_bytes"]
         print(
             f"{r['transport']:<10} {n:>9} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f} "
-            f"{memcpy_us[n]:>11.1f} {queue_us[n]:>13.1f}  {verdict(n, r['p50_us'], memcpy_us)}"
+            f"{memcpy_us[n]:>9.1f} {queue_us[n]:>9.1f} {bare_us[n]:>9.1f}  "
+            f"{verdict(n, r['p50_us'], memcpy_us)}"
         )
+    print("baselines are p50 us: memcpy in one process; the same array pickled through a")
+    print("multiprocessing.Queue; raw bytes in one ZMQ frame over ipc:// (no runtime: the floor)")
     if skip is not None:
         print(f"cuda_ipc: skipped ({skip})")
     if args.json:
