@@ -116,6 +116,8 @@ class Worker:
 
         self.stages: dict[str, Stage] = {}
         self.outlets: dict[tuple[str, str], Outlet] = {}
+        # What a stage emitted and could not send yet for want of credit. Bounded by one step's
+        # emits: a stage with a non-empty outbox is not stepped again.
         self.outbox: dict[str, deque[_Out]] = {}
         self.routes: dict[str, dict[str, int]] = {}
         self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
