@@ -17,6 +17,10 @@ import msgspec
 CLIENT = "client"
 
 
+class _Message(msgspec.Struct, tag=True, array_like=True):
+    """Encoded as msgpack arrays (field order matters, names don't travel), tagged by class."""
+
+
 class ArrayRef(msgspec.Struct, array_like=True):
     """Where one array of a payload lives and how to view it.
 
@@ -32,7 +36,7 @@ class ArrayRef(msgspec.Struct, array_like=True):
     nbytes: int = 0
 
 
-class DataReady(msgspec.Struct, tag=True):
+class DataReady(_Message):
     """A payload on edge `src -> dst` for one request. The receiver answers `DataAck` once
     it no longer needs the bytes (the slot, if any, then returns to the sender's pool)."""
 
@@ -50,7 +54,7 @@ class DataReady(msgspec.Struct, tag=True):
     blob: bytes = b""  # small arrays' bytes, back to back
 
 
-class DataAck(msgspec.Struct, tag=True):
+class DataAck(_Message):
     """Returns `slot` of edge `src -> dst` to the sender (`src` is the sending stage)."""
 
     src: str
@@ -58,7 +62,7 @@ class DataAck(msgspec.Struct, tag=True):
     slot: int
 
 
-class StreamEnd(msgspec.Struct, tag=True):
+class StreamEnd(_Message):
     """No more items for `request_id` on edge `src -> dst`."""
 
     request_id: str
@@ -67,11 +71,11 @@ class StreamEnd(msgspec.Struct, tag=True):
     route: dict[str, int]
 
 
-class Abort(msgspec.Struct, tag=True):
+class Abort(_Message):
     request_id: str
 
 
-class AbortAck(msgspec.Struct, tag=True):
+class AbortAck(_Message):
     """Sent by a stage once it dropped the request and every slot it lent for it came back."""
 
     request_id: str
@@ -79,7 +83,7 @@ class AbortAck(msgspec.Struct, tag=True):
     process: str
 
 
-class StageDone(msgspec.Struct, tag=True):
+class StageDone(_Message):
     """The stage finished with the request; a death of the stage no longer concerns it."""
 
     request_id: str
@@ -87,7 +91,7 @@ class StageDone(msgspec.Struct, tag=True):
     process: str
 
 
-class StageError(msgspec.Struct, tag=True):
+class StageError(_Message):
     """A per-request failure inside a stage (the stage itself lives on)."""
 
     request_id: str
@@ -95,40 +99,40 @@ class StageError(msgspec.Struct, tag=True):
     message: str
 
 
-class Ready(msgspec.Struct, tag=True):
+class Ready(_Message):
     process: str
     epoch: int
     pid: int
 
 
-class Heartbeat(msgspec.Struct, tag=True):
+class Heartbeat(_Message):
     process: str
     epoch: int
 
 
-class PeerDown(msgspec.Struct, tag=True):
+class PeerDown(_Message):
     """`process` died: reclaim every slot lent to it, forget what it lent you."""
 
     process: str
 
 
-class PeerUp(msgspec.Struct, tag=True):
+class PeerUp(_Message):
     """`process` is back as incarnation `epoch`; answer with `PeerUpAck`."""
 
     process: str
     epoch: int
 
 
-class PeerUpAck(msgspec.Struct, tag=True):
+class PeerUpAck(_Message):
     process: str  # who acknowledges
     peer: str
 
 
-class StatsRequest(msgspec.Struct, tag=True):
+class StatsRequest(_Message):
     token: int
 
 
-class Stats(msgspec.Struct, tag=True):
+class Stats(_Message):
     """A process's bookkeeping, for tests and health pages."""
 
     token: int
@@ -139,7 +143,7 @@ class Stats(msgspec.Struct, tag=True):
     segments: list[str]
 
 
-class Shutdown(msgspec.Struct, tag=True):
+class Shutdown(_Message):
     pass
 
 

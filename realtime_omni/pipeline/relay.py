@@ -57,9 +57,11 @@ def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metadata, arrays) of a payload."""
     meta, arrays = {}, {}
     for k, v in payload.items():
-        if isinstance(v, np.ndarray) or _is_cuda(v):
-            if isinstance(v, np.ndarray) and v.dtype.hasobject:
+        if isinstance(v, np.ndarray):
+            if v.dtype.hasobject:
                 raise RequestError(f"payload array {k!r} has dtype object; it cannot be moved")
+            arrays[k] = v
+        elif _is_cuda(v):
             arrays[k] = v
         else:
             meta[k] = v
@@ -116,70 +118,73 @@ class Outlet:
         self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
     ) -> tuple[DataReady, list[Any]]:
         meta, arrays = split_payload(payload)
-        total = _needed(arrays)
         e = self.edge
-        msg = DataReady(
-            request_id=request_id,
-            src=e.src,
-            dst=e.dst,
-            src_process=self.process,
-            slot=slot,
-            meta=meta,
-            arrays=[],
-            route=route,
-            transport="inline",
-        )
-        frames: list[Any] = []
-        if arrays and total > e.slot_bytes and e.transport in ("shm", "cuda_ipc"):
+        msg = DataReady(request_id, e.src, e.dst, self.process, slot, meta, [], route, "inline")
+        if not arrays:
+            return msg, []
+        total = _needed(arrays)
+        if total > e.slot_bytes and e.transport in ("shm", "cuda_ipc"):
             raise PayloadTooLarge(
                 f"a payload of {total} bytes on edge {e.key} exceeds its slot of {e.slot_bytes} "
                 f"bytes. Fix: add {{src: {e.src}, dst: {e.dst}, slot_bytes: {total}}} (or more) "
                 "to the config's edges"
             )
-        cuda = [a for a in arrays.values() if _is_cuda(a)]
-        if cuda and e.transport == "cuda_ipc" and self.cuda is None:
-            from realtime_omni.pipeline.cuda_ipc import CudaSlots, can_access, to_numpy
-
-            if can_access(cuda[0].device, self.dst_device):
-                self.cuda = CudaSlots(cuda[0].device, e.slots, self.stride, self._segment_name)
-            else:  # the GPUs cannot reach each other: stage through shared memory
-                arrays = {k: to_numpy(v) if _is_cuda(v) else v for k, v in arrays.items()}
-                cuda = []
-        if cuda and (e.transport != "cuda_ipc" or len(cuda) != len(arrays)):
-            raise RequestError(
-                f"edge {e.key} ({e.transport}) got CUDA tensors; move them to the CPU as numpy "
-                "arrays in the executor, or place both stages on cuda devices"
-            )
-        if cuda:
-            msg.transport, msg.segment, msg.handle = "cuda_ipc", self.cuda.pool_id, self.cuda.handle
-            msg.arrays = self.cuda.write(slot, arrays)
-        elif e.transport in ("shm", "cuda_ipc") and total > self.inline_max_bytes:
-            if self.segment is None:
-                self.segment = Segment(self._segment_name, e.slots * self.stride, create=True)
-            msg.transport, msg.segment = "shm", self.segment.name
-            offset = slot * self.stride
-            for name, a in arrays.items():
-                if a.flags.c_contiguous:  # as bytes: numpy copies ml_dtypes' bfloat16 slowly
-                    raw = np.frombuffer(self.segment.buf, np.uint8, a.nbytes, offset)
-                    np.copyto(raw, a.reshape(-1).view(np.uint8))
-                else:
-                    view = np.frombuffer(self.segment.buf, a.dtype, a.size, offset)
-                    np.copyto(view.reshape(a.shape), a)
-                msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, -1, offset, a.nbytes))
-                offset += _aligned(a.nbytes)
-        elif total <= self.inline_max_bytes:
+        if any(type(a) is not np.ndarray for a in arrays.values()):  # CUDA tensors
+            arrays = self._to_cuda_slot(msg, slot, arrays)
+            if not arrays:
+                return msg, []
+        if e.transport in ("shm", "cuda_ipc") and total > self.inline_max_bytes:
+            self._to_shm_slot(msg, slot, arrays)
+            return msg, []
+        if total <= self.inline_max_bytes:
             # Small: the bytes ride inside the control message itself; one frame is faster.
-            parts, offset = [], 0
+            offset, parts = 0, []
             for name, a in arrays.items():
-                parts.append(np.ascontiguousarray(a).tobytes())
+                parts.append(a.tobytes())
                 msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, 0, offset, a.nbytes))
                 offset += a.nbytes
-            msg.blob = b"".join(parts)
-        else:
-            for name, a in arrays.items():
-                frames.append(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
-                msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, len(frames), 0, a.nbytes))
+            msg.blob = parts[0] if len(parts) == 1 else b"".join(parts)
+            return msg, []
+        frames: list[Any] = []
+        for name, a in arrays.items():
+            frames.append(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+            msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, len(frames), 0, a.nbytes))
         return msg, frames
+
+    def _to_cuda_slot(self, msg: DataReady, slot: int, arrays: dict[str, Any]) -> dict[str, Any]:
+        """Put CUDA tensors in the edge's GPU slot; gives what is left to send otherwise (the
+        arrays as numpy where the GPUs cannot reach each other)."""
+        e = self.edge
+        if e.transport != "cuda_ipc" or not all(_is_cuda(a) for a in arrays.values()):
+            raise RequestError(
+                f"edge {e.key} ({e.transport}) got CUDA tensors; move them to the CPU as numpy "
+                "arrays in the executor, or place both stages on cuda devices (all arrays)"
+            )
+        from realtime_omni.pipeline.cuda_ipc import CudaSlots, can_access, to_numpy
+
+        first = next(iter(arrays.values()))
+        if self.cuda is None and can_access(first.device, self.dst_device):
+            self.cuda = CudaSlots(first.device, e.slots, self.stride, self._segment_name)
+        if self.cuda is None:  # the GPUs cannot reach each other: stage through shared memory
+            return {k: to_numpy(v) for k, v in arrays.items()}
+        msg.transport, msg.segment, msg.handle = "cuda_ipc", self.cuda.pool_id, self.cuda.handle
+        msg.arrays = self.cuda.write(slot, arrays)
+        return {}
+
+    def _to_shm_slot(self, msg: DataReady, slot: int, arrays: dict[str, Any]) -> None:
+        if self.segment is None:
+            self.segment = Segment(self._segment_name, self.edge.slots * self.stride, create=True)
+        msg.transport, msg.segment = "shm", self.segment.name
+        offset = slot * self.stride
+        for name, a in arrays.items():
+            if a.flags.c_contiguous:  # as bytes: numpy copies ml_dtypes' bfloat16 slowly
+                raw = np.frombuffer(self.segment.buf, np.uint8, a.nbytes, offset)
+                np.copyto(raw, a.reshape(-1).view(np.uint8))
+            else:
+                view = np.frombuffer(self.segment.buf, a.dtype, a.size, offset)
+                np.copyto(view.reshape(a.shape), a)
+            msg.arrays.append(ArrayRef(name, a.dtype.name, a.shape, -1, offset, a.nbytes))
+            offset += _aligned(a.nbytes)
 
     def close(self) -> None:
         if self.segment is not None:
@@ -226,7 +231,8 @@ class Inlet:
             buf = getattr(buf, "buffer", buf)
             dt = dtype_of(ref.dtype)
             a = np.frombuffer(buf, dt, ref.nbytes // dt.itemsize, ref.offset).reshape(ref.shape)
-            a.flags.writeable = False
+            if a.flags.writeable:  # a zero-copy frame; bytes are read-only already
+                a.flags.writeable = False
             payload[ref.name] = a
         return payload
 

@@ -11,8 +11,8 @@ exactly the length and alignment of one call on all frames, with no sample dropp
 The samples equal that one call to float noise once c >= layers * sliding_window; with less
 context they differ slightly (a quality/latency trade-off set by `left_context_frames`).
 
-Outputs: `{pcm [n] float32, index, frames, token_time, request_id, sample_rate_hz}`, where
-`token_time` is that of the chunk's first frame.
+Outputs: `{pcm [n] float32, codes [frames, 16] int32, index, frames, token_time, request_id,
+sample_rate_hz}`, where `token_time` is that of the chunk's first frame.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ class Code2WavExecutor:
         wav = self.model(codes)[0, 0, self.plan.trim(s) :]
         data = {
             "pcm": wav.float().cpu().numpy(),
+            "codes": np.stack(r.frames[s:end]).astype(np.int32),
             "index": r.chunks,
             "frames": end - s,
             "token_time": r.times[s],

@@ -1,8 +1,9 @@
 """The decode stage: token ids from the thinker -> text deltas for the caller.
 
-Items in: `{token_id, index, token_time, last}`. Outputs: `{text, index, token_time}` for every
-token that completes text (special tokens such as `<|im_end|>` add none), in token order; the
-request ends with the item marked `last` (or the end of the thinker's stream).
+Items in: `{token_id, index, token_time, last}`. Outputs, one per token in token order:
+`{text, token_id, index, token_time}`, where `text` is what the token completes: "" for special
+tokens such as `<|im_end|>` and while a multi-byte character is unfinished. The request ends with
+the item marked `last` (or the end of the thinker's stream).
 """
 
 from __future__ import annotations
@@ -61,9 +62,8 @@ class DecodeExecutor:
                 if item.get("last"):
                     text += r.detok.flush()
                     done = True
-                if text:
-                    data = {"text": text, "index": item["index"], "token_time": item["token_time"]}
-                    emits.append(Emit(rid, data))
+                data = {"text": text, **{k: item[k] for k in ("token_id", "index", "token_time")}}
+                emits.append(Emit(rid, data))
             if done:
                 del self.reqs[rid]
                 emits.append(Emit(rid, done=True))

@@ -36,8 +36,7 @@ class PreprocessingExecutor:
 
     def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
         (payload,) = inputs.values()
-        self.todo[request_id] = dict(payload)  # the arrays are only borrowed: used in step()
-        try:
+        try:  # the processor copies what it keeps out of the borrowed arrays
             self.todo[request_id] = self._prepare(payload)
         except (KeyError, TypeError, ValueError) as e:
             del self.todo[request_id]
