@@ -15,6 +15,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 SHM_DIR = Path("/dev/shm")
@@ -50,10 +51,12 @@ class Segment:
         os.close(fd)
         self.size = size
         self.buf = memoryview(self.mmap)
+        self.bytes = np.frombuffer(self.buf, np.uint8)  # slicing this beats a new frombuffer
 
     def close(self) -> None:
         """Drop this mapping. Arrays still viewing it keep it alive until they go."""
         # With arrays still viewing it, both refuse; the mapping then goes with the last view.
+        self.bytes = np.empty(0, np.uint8)
         with contextlib.suppress(BufferError):
             self.buf.release()
             self.mmap.close()
