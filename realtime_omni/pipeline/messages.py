@@ -141,6 +141,7 @@ class Stats(_Message):
     total_slots: dict[str, int]
     active_requests: dict[str, int]  # stage -> requests holding state
     segments: list[str]
+    steps: dict[str, list[tuple[float, float]]]  # stage -> recent (start monotonic s, seconds)
 
 
 class Shutdown(_Message):

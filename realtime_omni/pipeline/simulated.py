@@ -12,6 +12,10 @@ One class, four roles, chosen by `params.role`:
 - chunk: a streamed input -> one output per chunk of input items, `first_chunk` items first,
   then `chunk`; a chunk costs `step_ms` per item (code2wav, text decode).
 
+`serial: true` makes follow and chunk wait until their input stream ended (and a chunk stage
+then emits everything as one chunk): the serial baseline, as `generate()` runs the thinker to its
+end, then the talker, then one vocoder pass.
+
 `outputs` maps a downstream stage (or `"*"`) to the arrays it gets: `{name: [dtype, shape]}`,
 where a shape entry "n" stands for the items in the chunk. Every output carries `token_time`
 (the monotonic time of the generated item it derives from) and `index`. A step serves every
@@ -61,6 +65,9 @@ class SimulatedExecutor:
         self.per_input = float(p.get("per_input", 1.0))
         self.first_chunk = int(p.get("first_chunk", 1))
         self.chunk = int(p.get("chunk", 1))
+        self.serial = bool(p.get("serial", False))
+        if self.serial and self.role == "chunk":
+            self.first_chunk = self.chunk = 1 << 30
         self.targets = ctx.downstream
         self.outputs: dict[str, dict[str, tuple[str, list[Any]]]] = p.get("outputs", {})
         self.reqs: dict[str, _Req] = {}
@@ -106,6 +113,8 @@ class SimulatedExecutor:
 
     def _due(self, r: _Req) -> int:
         """How many input items the next output of this request consumes (0: nothing to do)."""
+        if self.serial and not r.ended and self.role in ("follow", "chunk"):
+            return 0
         if self.role == "transform":
             return 1
         if self.role == "generate":

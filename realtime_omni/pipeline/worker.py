@@ -35,6 +35,7 @@ from realtime_omni.pipeline.stage import Stage
 # payload, one ack per payload) plus a few control messages per request, so this never binds.
 SNDHWM = 100_000
 MAX_DRAIN = 1000  # messages read per loop turn before stepping the stages again
+STEP_LOG = 512  # executor steps remembered per stage (start, duration) for Stats
 CONTROL_POLL_S = 0.001  # how often the inbox is read while a model step runs
 ARGS_ENV = "RTO_WORKER_ARGS"  # how the coordinator passes WorkerArgs to a process it starts
 
@@ -119,6 +120,7 @@ class Worker:
         # What a stage emitted and could not send yet for want of credit. Bounded by one step's
         # emits: a stage with a non-empty outbox is not stepped again.
         self.outbox: dict[str, deque[_Out]] = {}
+        self.step_log: dict[str, deque[tuple[float, float]]] = {}  # recent steps, for Stats
         self.routes: dict[str, dict[str, int]] = {}
         self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
         # Deliveries waiting for their stage. A stage takes nothing in while its outbox is
@@ -141,6 +143,7 @@ class Worker:
             )
             self.outbox[name] = deque()
             self.inbound[name] = deque()
+            self.step_log[name] = deque(maxlen=STEP_LOG)
             for e in self.graph.out_edges[name]:
                 dev = self.cfg.stages[e.dst].device if e.dst in self.cfg.stages else "cpu"
                 self.outlets[(e.src, e.dst)] = Outlet(
@@ -233,6 +236,7 @@ class Worker:
             st.begin_step()
         self._stepping.set()
         self._lock.release()
+        start = time.monotonic()
         try:
             emits, error = stage.executor.step(), None
         except Exception as e:
@@ -240,6 +244,7 @@ class Worker:
         finally:
             self._lock.acquire()
             self._stepping.clear()
+            self.step_log[stage.name].append((start, time.monotonic() - start))
         for st in self.stages.values():
             if st is not stage:
                 st.end_step([], None)
@@ -472,6 +477,7 @@ class Worker:
             total_slots={o.edge.key: o.pool.n for o in self.outlets.values()},
             active_requests={n: s.active for n, s in self.stages.items()},
             segments=[s for s in list_segments(self.args.owner_pid) if s.startswith(mine)],
+            steps={n: list(log) for n, log in self.step_log.items()},
         )
 
     def close(self) -> None:

@@ -53,7 +53,8 @@ SAMPLES: list[m.Message] = [
         free_slots={"a->b": 3},
         total_slots={"a->b": 8},
         active_requests={"a": 2},
-        segments=["rto_1_a-0_0_a_b"],
+        segments=["rto_1_a-0.0.a.b"],
+        steps={"a": [(12.5, 0.015)]},
     ),
     m.Shutdown(),
 ]

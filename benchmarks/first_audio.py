@@ -1,0 +1,165 @@
+"""First audio: from submit to the first audio chunk, and to the last, streaming against serial.
+
+For each config (the simulated Qwen3-Omni timings, and the tiny real model on this CPU) and each
+mode, runs requests one at a time through the real pipeline and reports p50s next to the compute
+floor measured in the same run: the executors' own step times on the critical path to the first
+audio chunk (preprocessing, the slower encoder, the thinker steps the talker waited for, the
+talker frames code2wav waited for, code2wav's first chunk), read from the stage processes' step
+logs. First audio minus the floor is what the runtime adds.
+
+Modes: `streaming` is the config as it is; `serial` runs the same model as generate() does,
+thinker to its end, then the talker, then one vocoder pass (`serial: true` on the simulated
+talker and code2wav; `configs/tiny-serial.yaml`, generate() itself in one stage, for the tiny
+model).
+
+    python benchmarks/first_audio.py [--configs simulated,tiny] [--requests 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from realtime_omni.pipeline.config import parse_config  # noqa: E402
+from realtime_omni.pipeline.coordinator import Coordinator  # noqa: E402
+
+CONFIGS = {
+    "simulated": (ROOT / "configs/simulated-qwen3-omni.yaml", None),
+    "tiny": (ROOT / "configs/tiny.yaml", ROOT / "configs/tiny-serial.yaml"),
+}
+
+
+def load(name: str, mode: str) -> dict[str, Any] | None:
+    streaming, serial = CONFIGS[name]
+    if mode == "streaming":
+        return yaml.safe_load(streaming.read_text())
+    if serial is not None:
+        return yaml.safe_load(serial.read_text()) if serial.exists() else None
+    data = yaml.safe_load(streaming.read_text())
+    for stage in ("talker_ar", "code2wav"):
+        data["stages"][stage]["params"]["serial"] = True
+    # All the audio comes as one chunk: give that edge room for it.
+    edges = [e for e in data["edges"] if (e["src"], e["dst"]) != ("code2wav", "client")]
+    big = {"src": "code2wav", "dst": "client", "slots": 2, "slot_bytes": 8 << 20}
+    data["edges"] = [*edges, big]
+    return data
+
+
+def request(name: str, max_tokens: int) -> dict[str, Any]:
+    if name == "simulated":
+        return {"max_tokens": max_tokens}
+    t = np.arange(16000) / 16000
+    audio = (0.3 * np.sin(2 * np.pi * (200 * t + 300 * t * t))).astype(np.float32)
+    content = [{"type": "audio", "audio": "audio0"}, {"type": "text", "text": "Answer briefly."}]
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "audio0": audio,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
+
+
+def floor_ms(steps: dict[str, list[tuple[float, float]]], since: float) -> float:
+    """Critical-path compute of the request submitted at `since` (requests run one at a time)."""
+    mine = {s: [(t, d) for t, d in log if t >= since] for s, log in steps.items()}
+    if "serial" in mine:  # one stage does it all
+        return sum(d for _, d in mine["serial"]) * 1e3
+
+    def first(stage: str) -> tuple[float, float]:
+        return mine[stage][0] if mine.get(stage) else (since, 0.0)
+
+    def before(stage: str, t: float) -> float:
+        return sum(d for s, d in mine.get(stage, []) if s + d <= t)
+
+    encoders = max(first(s)[1] for s in ("audio_encoder", "image_encoder"))
+    talker_start, c2w = first("talker_ar")[0], first("code2wav")
+    return 1e3 * (
+        first("preprocessing")[1]
+        + encoders
+        + before("thinker", talker_start)
+        + before("talker_ar", c2w[0])
+        + c2w[1]
+    )
+
+
+async def run(name: str, mode: str, requests: int, max_tokens: int) -> dict[str, Any] | None:
+    data = load(name, mode)
+    if data is None:
+        print(f"{name} {mode}: skipped (no serial config)", file=sys.stderr)
+        return None
+    firsts, totals, floors = [], [], []
+    async with Coordinator(parse_config(data)) as coord:
+        for i in range(requests + 2):  # two warm-up requests first
+            await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            first = None
+            async for out in await coord.submit(request(name, max_tokens)):
+                if first is None and "pcm" in out.data:
+                    first = time.monotonic() - t0
+            total = time.monotonic() - t0
+            if i < 2 or first is None:
+                continue
+            stats = await coord.stats()
+            steps = {s: log for st in stats.values() for s, log in st.steps.items()}
+            firsts.append(first * 1e3)
+            totals.append(total * 1e3)
+            floors.append(floor_ms(steps, t0))
+    return {
+        "config": name,
+        "mode": mode,
+        "first_audio_ms_p50": statistics.median(firsts),
+        "total_ms_p50": statistics.median(totals),
+        "compute_floor_ms": statistics.median(floors),
+        "overhead_ms_p50": statistics.median(f - c for f, c in zip(firsts, floors, strict=True)),
+        "requests": len(firsts),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="simulated,tiny")
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    runs = []
+    for name in args.configs.split(","):
+        for mode in ("streaming", "serial"):
+            print(f"measuring {name} {mode} ...", file=sys.stderr, flush=True)
+            r = asyncio.run(run(name, mode, args.requests, args.max_tokens))
+            if r is not None:
+                runs.append(r)
+    print(
+        f"{'config':10} {'mode':10} {'first audio':>12} {'total':>9} {'floor':>9} {'overhead':>9}"
+    )
+    for r in runs:
+        print(
+            f"{r['config']:10} {r['mode']:10} {r['first_audio_ms_p50']:>10.1f}ms "
+            f"{r['total_ms_p50']:>7.1f}ms {r['compute_floor_ms']:>7.1f}ms "
+            f"{r['overhead_ms_p50']:>7.1f}ms"
+        )
+    print("p50 over the requests; floor: the stages' own step times on the path to first audio;")
+    print("overhead: first audio minus floor (target for streaming: <= 10 ms)")
+    for name in dict.fromkeys(r["config"] for r in runs):
+        by = {r["mode"]: r for r in runs if r["config"] == name}
+        if len(by) == 2:
+            ratio = by["serial"]["first_audio_ms_p50"] / by["streaming"]["first_audio_ms_p50"]
+            print(f"{name}: serial / streaming first audio = {ratio:.1f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
