@@ -27,7 +27,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -141,7 +140,6 @@ class Coordinator:
         self._peer_up_waiting: dict[str, set[str]] = {}
         self._peer_up_done: dict[str, asyncio.Future[None]] = {}
         self._requests: dict[str, _Request] = {}
-        self._closed_ids: OrderedDict[str, None] = OrderedDict()  # late outputs get acked
         self._down: set[str] = set()
         self._last_beat: dict[str, float] = {}
         self._stats_waiters: dict[int, tuple[set[str], dict[str, m.Stats], asyncio.Future]] = {}
@@ -392,9 +390,6 @@ class Coordinator:
             return
         for p in self._route_processes(req.route):
             self._active[p] = self._active.get(p, 1) - 1
-        self._closed_ids[rid] = None
-        while len(self._closed_ids) > 8192:
-            self._closed_ids.popitem(last=False)
         self._credit.set()
 
     def _maybe_complete(self, req: _Request) -> None:
