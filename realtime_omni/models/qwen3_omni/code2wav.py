@@ -1,0 +1,150 @@
+"""The code2wav stage: streamed vocoder, 16-code frames in, 24 kHz float32 PCM chunks out.
+
+Chunking (`ChunkPlan`, pure arithmetic): the first chunk has at most `first_chunk_frames`
+(default 2) frames for a fast first packet, later ones `chunk_frames` (default 10), and the tail
+whatever is left when the talker ends. A chunk of frames [s, e) is decoded together with
+c = min(left_context_frames, s) frames before it. One code2wav call on n frames returns
+n * 1920 - 555 samples (its causal transposed convolutions cut 555 at the end), covering absolute
+samples [1920 (s - c), 1920 e - 555). The chunk emits from absolute sample 1920 s - 555 (0 for
+the first), i.e. it fills the 555 samples its predecessor could not produce: the joined stream has
+exactly the length and alignment of one call on all frames, with no sample dropped or repeated.
+The samples equal that one call to float noise once c >= layers * sliding_window; with less
+context they differ slightly (a quality/latency trade-off set by `left_context_frames`).
+
+Outputs: `{pcm [n] float32, codes [frames, 16] int32, index, frames, token_time, request_id,
+sample_rate_hz}`, where `token_time` is that of the chunk's first frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch
+from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
+from realtime_omni.pipeline.executor import Emit, StageContext
+
+Payload = dict[str, Any]
+SAMPLE_RATE_HZ = 24000  # in no config: 1920 samples per 80 ms frame
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    samples_per_frame: int = 1920
+    lost_tail: int = 555  # samples one call cuts at its end
+    first_chunk_frames: int = 2
+    chunk_frames: int = 10
+    left_context_frames: int = 25
+
+    def next_end(self, start: int, available: int, final: bool) -> int | None:
+        """End frame of the chunk starting at `start`, or None while it must wait for frames."""
+        size = self.first_chunk_frames if start == 0 else self.chunk_frames
+        if available - start >= size:
+            return start + size
+        if final and available > start:
+            return available
+        return None
+
+    def window(self, start: int) -> int:
+        """First frame to decode for a chunk starting at `start` (its left context)."""
+        return start - min(self.left_context_frames, start)
+
+    def trim(self, start: int) -> int:
+        """Samples to drop from the front of the call's output for a chunk starting at `start`."""
+        if start == 0:
+            return 0
+        return (start - self.window(start)) * self.samples_per_frame - self.lost_tail
+
+
+@dataclass
+class _Request:
+    frames: list[np.ndarray] = field(default_factory=list)  # [16] codes each
+    times: list[float] = field(default_factory=list)
+    start: int = 0  # first frame not yet emitted
+    chunks: int = 0
+    ended: bool = False
+
+
+class Code2WavExecutor:
+    def __init__(self, ctx: StageContext) -> None:
+        self.device = setup_torch(ctx.device)
+        d = model_dir(ctx.model)
+        cfg = load_config(d)
+        self.model = load_part(d, "code2wav", ctx.device, model_dtype(ctx.model, ctx.device), cfg)
+        p = ctx.params
+        self.plan = ChunkPlan(
+            samples_per_frame=int(self.model.total_upsample),
+            lost_tail=self._lost_tail(),
+            first_chunk_frames=int(p.get("first_chunk_frames", 2)),
+            chunk_frames=int(p.get("chunk_frames", 10)),
+            left_context_frames=int(p.get("left_context_frames", 25)),
+        )
+        if self.plan.left_context_frames < 1 or self.plan.first_chunk_frames < 1:
+            raise ValueError("code2wav: left_context_frames and first_chunk_frames must be >= 1")
+        self.reqs: dict[str, _Request] = {}
+
+    def _lost_tail(self) -> int:
+        """Measured once: samples per frame times 2 frames minus what one 2-frame call returns."""
+        codes = torch.zeros(1, self.model.config.num_quantizers, 2, dtype=torch.long)
+        n = self.model(codes.to(self.device)).shape[-1]
+        return int(2 * self.model.total_upsample - n)
+
+    def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
+        self.reqs[request_id] = _Request()
+
+    def add_item(self, request_id: str, src: str, item: Payload) -> None:
+        r = self.reqs[request_id]
+        r.frames.append(np.array(item["codes"], dtype=np.int64))
+        r.times.append(float(item["token_time"]))
+
+    def end_stream(self, request_id: str, src: str) -> None:
+        self.reqs[request_id].ended = True
+
+    def has_work(self) -> bool:
+        return any(self._due(r) is not None or r.ended for r in self.reqs.values())
+
+    def step(self) -> list[Emit]:
+        emits: list[Emit] = []
+        for rid in list(self.reqs):
+            r = self.reqs[rid]
+            end = self._due(r)
+            if end is not None:
+                emits.append(self._chunk(rid, r, end))
+            if r.ended and r.start >= len(r.frames):
+                del self.reqs[rid]
+                emits.append(Emit(rid, done=True))
+        return emits
+
+    def abort(self, request_id: str) -> None:
+        self.reqs.pop(request_id, None)
+
+    def _due(self, r: _Request) -> int | None:
+        return self.plan.next_end(r.start, len(r.frames), r.ended)
+
+    def _chunk(self, rid: str, r: _Request, end: int) -> Emit:
+        s = r.start
+        first = self.plan.window(s)
+        codes = torch.from_numpy(np.stack(r.frames[first:end], axis=1))[None].to(self.device)
+        wav = self.model(codes)[0, 0, self.plan.trim(s) :]
+        data = {
+            "pcm": wav.float().cpu().numpy(),
+            "codes": np.stack(r.frames[s:end]).astype(np.int32),
+            "index": r.chunks,
+            "frames": end - s,
+            "token_time": r.times[s],
+            "request_id": rid,
+            "sample_rate_hz": SAMPLE_RATE_HZ,
+        }
+        r.chunks += 1
+        r.start = end
+        # Frames before the next chunk's left context are never read again.
+        keep_from = self.plan.window(end)
+        for i in range(keep_from):
+            r.frames[i] = _EMPTY
+        return Emit(rid, data)
+
+
+_EMPTY = np.zeros(0, np.int64)

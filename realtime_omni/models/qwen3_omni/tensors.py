@@ -1,0 +1,56 @@
+"""torch <-> numpy for payloads, and the per-stage torch setup every executor does.
+
+Payload arrays are numpy (bfloat16 as `ml_dtypes.bfloat16`, which torch cannot read directly:
+the bits are reinterpreted through int16). `to_numpy` copies to host memory; `to_torch` copies
+the (read-only, borrowed) array into a tensor the executor owns.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r}: use one of {sorted(_DTYPES)}") from None
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A host copy of `t` (bfloat16 as ml_dtypes.bfloat16)."""
+    t = t.detach().to("cpu")
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    return t.contiguous().numpy().copy()
+
+
+def to_torch(a: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A tensor that owns a copy of `a` (safe to keep after the call that lent `a`)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.array(a, copy=True))
+    return t.to(device)
+
+
+def setup_torch(device: str) -> torch.device:
+    """No autograd, and as many intra-op threads as the stage's `threads` (the worker exports
+    it as OMP_NUM_THREADS before the executor is built)."""
+    torch.set_grad_enabled(False)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    torch.set_num_threads(max(1, threads))
+    return torch.device(device)
+
+
+def model_dtype(ctx_model: dict[str, Any], device: str) -> torch.dtype:
+    """`model.dtype` of the config; default bfloat16 on CUDA and float32 on the CPU."""
+    name = ctx_model.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
+    return torch_dtype(str(name))
