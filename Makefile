@@ -21,9 +21,9 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-# Until the gateway lands this streams requests through the pipeline and prints timings.
+# The gateway on http://127.0.0.1:8000 (OpenAI Realtime WebSocket at /v1/realtime).
 serve: install
-	$(BIN)/realtime-omni run --config $(CONFIG)
+	$(BIN)/realtime-omni serve --config $(CONFIG)
 
 bench: install
 	$(BIN)/python benchmarks/transport.py

@@ -68,6 +68,8 @@ def request(name: str, max_tokens: int) -> dict[str, Any]:
         "audio0": audio,
         "max_tokens": max_tokens,
         "temperature": 0.0,
+        "talker_temperature": 0.0,
+        "talker_max_tokens": 3 * max_tokens,  # random weights never stop on their own
     }
 
 

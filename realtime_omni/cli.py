@@ -1,5 +1,8 @@
 """The `realtime-omni` command.
 
+realtime-omni serve [--config C] [--host H] [--port P]
+                                       start the pipeline and the gateway (the OpenAI
+                                       Realtime WebSocket at /v1/realtime, the demo page)
 realtime-omni check --config C         validate a config and print its stage graph
 realtime-omni run --config C           stream requests through the pipeline, print timings
 realtime-omni stage --config C --process NAME
@@ -21,10 +24,20 @@ from realtime_omni.errors import OmniError
 from realtime_omni.pipeline.config import load_config
 from realtime_omni.pipeline.graph import Graph
 
+DEFAULT_SERVE_CONFIG = "configs/simulated-qwen3-omni.yaml"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="realtime-omni", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the pipeline and the real-time gateway")
+    serve.add_argument("--config", default=DEFAULT_SERVE_CONFIG)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-sessions", type=int, default=16)
+    serve.add_argument(
+        "--max-lead-ms", type=float, default=2000.0, help="audio made ahead of playout"
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
     run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
@@ -36,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     stage.add_argument("--process", required=True, help="group#replica, e.g. talker_ar#0")
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "check":
             return _check(args.config)
         if args.command == "run":
@@ -46,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from realtime_omni.gateway.app import GatewayConfig, serve
+
+    cfg = load_config(args.config)
+    gw = GatewayConfig(max_sessions=args.max_sessions, max_lead_ms=args.max_lead_ms)
+    asyncio.run(serve(cfg, args.host, args.port, gw))
+    return 0
 
 
 def _check(path: str) -> int:
@@ -71,7 +95,13 @@ async def _run(path: str, requests: int, max_tokens: int) -> int:
         for i in range(requests):
             start = time.monotonic()
             first = None
-            stream = await coord.submit({"max_tokens": max_tokens})
+            stream = await coord.submit(
+                {
+                    "messages": [{"role": "user", "content": "Hello! How are you today?"}],
+                    "max_tokens": max_tokens,
+                    "talker_max_tokens": 3 * max_tokens,  # random weights never stop on their own
+                }
+            )
             async for out in stream:
                 if first is None and "pcm" in out.data:
                     first = time.monotonic() - start

@@ -65,27 +65,7 @@ class PreprocessingExecutor:
         self.todo.pop(request_id, None)
 
     def _prepare(self, payload: Payload) -> dict[str, Payload]:
-        messages = payload["messages"]
-        audios: list[np.ndarray] = []
-        images: list[np.ndarray] = []
-        for msg in messages:
-            content = msg["content"]
-            for part in [] if isinstance(content, str) else content:
-                if part["type"] == "audio":
-                    audios.append(np.asarray(payload[part["audio"]], dtype=np.float32))
-                elif part["type"] == "image":
-                    images.append(np.asarray(payload[part["image"]], dtype=np.uint8))
-                elif part["type"] != "text":
-                    raise ValueError(f"content type {part['type']!r} (use text, audio, image)")
-        text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        kw: dict[str, Any] = {}
-        if audios:
-            kw["audio"] = audios
-        if images:
-            kw["images"] = images
-        enc = self.processor(text=text, return_tensors="np", **kw)
+        enc, audios, images = encode_conversation(self.processor, payload, "np")
         ids = np.asarray(enc["input_ids"][0], dtype=np.int64)
         shared: Payload = {"input_ids": ids}
         audio: Payload = {"n": len(audios)}
@@ -113,3 +93,29 @@ class PreprocessingExecutor:
             "audio_encoder": audio,
             "image_encoder": image,
         }
+
+
+def encode_conversation(
+    processor: Any, payload: Payload, return_tensors: str
+) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
+    """A request's `messages` through the chat template and the processor (ids, mel, patches);
+    gives the encoding and the audios and images it used, in prompt order."""
+    messages = payload["messages"]
+    audios: list[np.ndarray] = []
+    images: list[np.ndarray] = []
+    for msg in messages:
+        content = msg["content"]
+        for part in [] if isinstance(content, str) else content:
+            if part["type"] == "audio":
+                audios.append(np.asarray(payload[part["audio"]], dtype=np.float32))
+            elif part["type"] == "image":
+                images.append(np.asarray(payload[part["image"]], dtype=np.uint8))
+            elif part["type"] != "text":
+                raise ValueError(f"content type {part['type']!r} (use text, audio, image)")
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    kw: dict[str, Any] = {}
+    if audios:
+        kw["audio"] = audios
+    if images:
+        kw["images"] = images
+    return processor(text=text, return_tensors=return_tensors, **kw), audios, images

@@ -1,0 +1,190 @@
+"""The gateway as a Starlette app: one factory, one `Gateway` holding the pipeline and sessions.
+
+    app = create_app(pipeline_config, GatewayConfig())   # uvicorn runs it; the lifespan starts
+                                                         # the Coordinator and stops it
+    await serve(pipeline_config, host, port)             # what `realtime-omni serve` runs
+
+Routes: `GET /` the demo page (`web/index.html`, when present), `GET /healthz`, `GET /v1/metrics`
+(latency p50/p99 in ms: token_to_audio, first_audio, barge_in_to_silence, abort), and the OpenAI
+Realtime WebSocket at `/v1/realtime`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+
+from realtime_omni.gateway.protocol import Settings
+from realtime_omni.gateway.realtime_ws import realtime_endpoint
+from realtime_omni.gateway.session import Session, VadModel
+from realtime_omni.pipeline.config import EdgeConfig, PipelineConfig
+from realtime_omni.pipeline.messages import CLIENT
+
+log = logging.getLogger(__name__)
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+
+@dataclass
+class GatewayConfig:
+    max_sessions: int = 16  # more connections are refused with `too_many_sessions`
+    max_message_bytes: int = 8 << 20  # larger WebSocket messages get `message_too_large`
+    max_lead_ms: float = 2000.0  # audio made ahead of playout, per session
+    send_ahead_ms: float = 100.0  # WebSocket audio sent ahead of real time (client jitter)
+    entry_slot_bytes: int = 4 << 20  # a turn's payload limit (conversation audio and images),
+    # used when the pipeline config sets no `client -> entry` edge of its own
+    vad: bool = True  # load silero-vad; off only for tests without torch
+
+
+def _silero() -> VadModel:
+    from realtime_omni.gateway.vad import SileroVad
+
+    return SileroVad()
+
+
+class Gateway:
+    """The pipeline and the live sessions of one server."""
+
+    def __init__(
+        self,
+        pipeline: PipelineConfig,
+        config: GatewayConfig | None = None,
+        coordinator: Any = None,
+    ) -> None:
+        self.config = config or GatewayConfig()
+        if not any(e.src == CLIENT and e.dst == pipeline.entry for e in pipeline.edges):
+            edge = EdgeConfig(
+                src=CLIENT, dst=pipeline.entry, slot_bytes=self.config.entry_slot_bytes
+            )
+            pipeline = pipeline.model_copy(update={"edges": [*pipeline.edges, edge]})
+        self.pipeline = pipeline
+        self.coord = coordinator
+        self.sessions: set[Session] = set()
+        self.metrics: dict[str, deque[float]] = {}  # of closed sessions, as Session.metrics
+        self.vad_factory: Callable[[], VadModel] | None = _silero if self.config.vad else None
+
+    async def start(self) -> None:
+        if self.coord is None:
+            from realtime_omni.pipeline.coordinator import Coordinator
+
+            self.coord = Coordinator(self.pipeline)
+            await self.coord.start()
+        if self.vad_factory is not None:  # import torch and load once now, not on a first call
+            await asyncio.to_thread(self.vad_factory)
+
+    async def close(self) -> None:
+        for s in list(self.sessions):
+            await s.close()
+        if self.coord is not None:
+            await self.coord.close()
+
+    def forget(self, session: Session) -> None:
+        """A session ended: keep its measurements."""
+        self.sessions.discard(session)
+        for k, v in session.metrics.items():
+            self.metrics.setdefault(k, deque(maxlen=v.maxlen)).extend(v)
+
+    def summary(self) -> dict[str, Any]:
+        """p50/p99/n of each measurement over closed and live sessions."""
+        out: dict[str, Any] = {}
+        keys = set(self.metrics).union(*(s.metrics for s in self.sessions))
+        for k in sorted(keys):
+            vals = [*self.metrics.get(k, ()), *(x for s in self.sessions for x in s.metrics[k])]
+            if vals:
+                p50, p99 = np.percentile(vals, [50, 99])
+                out[k] = {"p50": round(float(p50), 2), "p99": round(float(p99), 2), "n": len(vals)}
+        return out
+
+    def new_session(self, model: str = "qwen3-omni", output_rate_hz: int | None = None) -> Session:
+        from realtime_omni.pipeline.graph import Graph
+
+        entry = Graph(self.pipeline).edge(CLIENT, self.pipeline.entry)
+        return Session(
+            self.coord,
+            vad_factory=self.vad_factory,
+            settings=Settings(model=model),
+            output_rate_hz=output_rate_hz,
+            max_lead_ms=self.config.max_lead_ms,
+            max_payload_bytes=entry.slot_bytes - 64 * 1024,  # room for alignment padding
+        )
+
+
+async def _index(request: Request) -> Response:
+    page = WEB_DIR / "index.html"
+    if page.is_file():
+        return FileResponse(page)
+    return PlainTextResponse("realtime-omni gateway: WebSocket API at /v1/realtime\n")
+
+
+async def _health(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return JSONResponse({"status": "ok", "sessions": len(gw.sessions)})
+
+
+async def _metrics(request: Request) -> Response:
+    return JSONResponse(request.app.state.gateway.summary())
+
+
+def create_app(
+    pipeline: PipelineConfig, config: GatewayConfig | None = None, coordinator: Any = None
+) -> Starlette:
+    gw = Gateway(pipeline, config, coordinator)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gw.start()
+        try:
+            yield
+        finally:
+            await gw.close()
+
+    app = Starlette(
+        routes=[
+            Route("/", _index),
+            Route("/healthz", _health),
+            Route("/v1/metrics", _metrics),
+            WebSocketRoute("/v1/realtime", realtime_endpoint),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    return app
+
+
+async def serve(
+    pipeline: PipelineConfig, host: str, port: int, config: GatewayConfig | None = None
+) -> None:
+    """Run the app on uvicorn until SIGINT/SIGTERM; prints one line with the URL when ready."""
+    import uvicorn
+
+    cfg = config or GatewayConfig()
+    app = create_app(pipeline, cfg)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            ws="websockets-sansio",
+            ws_max_size=2 * cfg.max_message_bytes,  # beyond our own limit, so ours answers first
+            lifespan="on",
+        )
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        sock = server.servers[0].sockets[0].getsockname()
+        print(f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}", flush=True)
+    await task

@@ -1,0 +1,179 @@
+"""One session's conversation: its items, their OpenAI shapes, truncation, and the pipeline
+payload a turn becomes. No I/O.
+
+An assistant item's transcript is kept as (token_time, text) pieces and its audio as chunk marks
+(audio_ms, token_time): cutting the audio at `audio_end_ms` keeps the text of every token whose
+audio had begun by then, so the conversation remembers what the person heard, not what was made.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_ITEMS = 256  # older items are dropped from the context past this
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class Part:
+    kind: str  # "text" | "audio" | "image"
+    text: str = ""
+    audio: np.ndarray | None = None  # 16 kHz mono float32 (user audio)
+    image: np.ndarray | None = None  # uint8 [H, W, 3]
+
+
+@dataclass
+class Item:
+    id: str
+    role: str  # "user" | "assistant" | "system"
+    parts: list[Part] = field(default_factory=list)
+    status: str = "completed"
+    # assistant only
+    pieces: list[tuple[float, str]] = field(default_factory=list)  # (token_time, text)
+    marks: list[tuple[float, float]] = field(default_factory=list)  # (audio_ms, token_time)
+    audio_ms: float = 0.0  # audio made (or kept, after a truncation)
+
+    @property
+    def transcript(self) -> str:
+        return "".join(t for _, t in self.pieces)
+
+    def add_text(self, token_time: float, text: str) -> None:
+        self.pieces.append((token_time, text))
+
+    def add_audio(self, ms: float, token_time: float | None) -> None:
+        if token_time is not None:
+            self.marks.append((self.audio_ms, token_time))
+        self.audio_ms += ms
+
+    def truncate(self, audio_end_ms: float) -> None:
+        """Keep the first `audio_end_ms` of the audio and the text that was heard with it."""
+        if audio_end_ms > self.audio_ms + 1e-6:
+            raise ValueError(
+                f"audio_end_ms {audio_end_ms:.0f} is past the item's audio ({self.audio_ms:.0f} ms)"
+            )
+        heard = [t for ms, t in self.marks if ms < audio_end_ms]
+        cut = max(heard) if heard else float("-inf")
+        if self.marks:  # without marks there is no timing to cut the text by
+            self.pieces = [(t, s) for t, s in self.pieces if t <= cut]
+        self.marks = [(ms, t) for ms, t in self.marks if ms < audio_end_ms]
+        self.audio_ms = audio_end_ms
+
+    def to_openai(self, beta: bool = False) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if self.role == "assistant":
+            kind = "audio" if beta else "output_audio"
+            content.append({"type": kind, "transcript": self.transcript})
+        for p in self.parts:
+            if p.kind == "text":
+                content.append({"type": "input_text", "text": p.text})
+            elif p.kind == "audio":
+                content.append({"type": "input_audio", "transcript": None})
+            elif p.kind == "image":
+                content.append({"type": "input_image"})
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "role": self.role,
+            "status": self.status,
+            "content": content,
+        }
+
+
+class Conversation:
+    def __init__(self, max_items: int = MAX_ITEMS) -> None:
+        self.items: list[Item] = []
+        self.max_items = max_items
+
+    def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after `previous_item_id` (default: at the end); returns the id it follows."""
+        at = len(self.items)
+        if previous_item_id is not None:
+            at = self.index(previous_item_id) + 1
+        prev = self.items[at - 1].id if at > 0 else None
+        self.items.insert(at, item)
+        del self.items[: max(0, len(self.items) - self.max_items)]
+        return prev
+
+    def index(self, item_id: str) -> int:
+        for i, it in enumerate(self.items):
+            if it.id == item_id:
+                return i
+        raise KeyError(item_id)
+
+    def get(self, item_id: str) -> Item:
+        return self.items[self.index(item_id)]
+
+    def delete(self, item_id: str) -> None:
+        del self.items[self.index(item_id)]
+
+    @property
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def payload(
+        self,
+        instructions: str = "",
+        max_bytes: int | None = None,
+        image: np.ndarray | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """The request payload of preprocessing.py's contract: `messages` and named arrays.
+
+        `image` (the latest camera frame) joins the last user message. Arrays beyond
+        `max_bytes` are left out oldest first (the entry edge's slot size bounds a payload).
+        """
+        arrays: list[tuple[int, int, Part]] = []  # (message index, part index, part)
+        messages: list[dict[str, Any]] = []
+        if instructions:
+            messages.append({"role": "system", "content": instructions})
+        last_user = max((i for i, it in enumerate(self.items) if it.role == "user"), default=-1)
+        for i, it in enumerate(self.items):
+            parts = list(it.parts)
+            if i == last_user and image is not None:
+                parts.append(Part("image", image=image))
+            if it.role == "assistant":
+                if it.transcript:
+                    messages.append({"role": "assistant", "content": it.transcript})
+                continue
+            content = []
+            for p in parts:
+                if p.kind == "text":
+                    content.append({"type": "text", "text": p.text})
+                else:
+                    arrays.append((len(messages), len(content), p))
+                    content.append({"type": p.kind})
+            if content:
+                messages.append({"role": it.role, "content": content})
+        payload: dict[str, Any] = {}
+        budget = max_bytes if max_bytes is not None else float("inf")
+        keep: set[tuple[int, int]] = set()
+        for mi, ci, p in reversed(arrays):  # newest first
+            a = p.audio if p.kind == "audio" else p.image
+            assert a is not None
+            if a.nbytes <= budget:
+                budget -= a.nbytes
+                keep.add((mi, ci))
+        counts = {"audio": 0, "image": 0}
+        for mi, ci, p in arrays:
+            part = messages[mi]["content"][ci]
+            if (mi, ci) not in keep:
+                part["drop"] = True
+                continue
+            name = f"{p.kind}_{counts[p.kind]}"
+            counts[p.kind] += 1
+            part[p.kind] = name
+            payload[name] = p.audio if p.kind == "audio" else p.image
+        for msg in messages:
+            if isinstance(msg["content"], list):
+                msg["content"] = [c for c in msg["content"] if not c.get("drop")]
+        payload["messages"] = [m for m in messages if m["content"]]
+        payload.update({k: v for k, v in fields.items() if v is not None})
+        return payload

@@ -1,0 +1,275 @@
+"""The OpenAI Realtime protocol's data: session settings (GA nested and beta flat shapes), audio
+formats, error events and the beta names of server events. No I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from realtime_omni.gateway import audio
+from realtime_omni.gateway.vad import VadParams
+
+
+class ProtocolError(Exception):
+    """A client event the server refuses; becomes an `error` event, the connection lives on."""
+
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    name: str  # "pcm16" | "g711_ulaw" | "g711_alaw"
+    rate_hz: int
+
+    def decode(self, data: bytes) -> np.ndarray:
+        if self.name == "pcm16":
+            if len(data) % 2:
+                raise ProtocolError("pcm16 audio has an odd number of bytes", param="audio")
+            return audio.pcm16_to_float(data)
+        return audio.ulaw_decode(data) if self.name == "g711_ulaw" else audio.alaw_decode(data)
+
+    def encode(self, x: np.ndarray) -> bytes:
+        if self.name == "pcm16":
+            return audio.float_to_pcm16(x)
+        return audio.ulaw_encode(x) if self.name == "g711_ulaw" else audio.alaw_encode(x)
+
+    def ga(self) -> dict[str, Any]:
+        kind = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+        return {"type": kind[self.name], "rate": self.rate_hz}
+
+
+PCM16 = AudioFormat("pcm16", 24000)
+_BY_NAME = {
+    "pcm16": PCM16,
+    "g711_ulaw": AudioFormat("g711_ulaw", 8000),
+    "g711_alaw": AudioFormat("g711_alaw", 8000),
+}
+_BY_TYPE = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+
+
+def parse_format(value: Any, param: str) -> AudioFormat:
+    """`"pcm16"` (beta) or `{"type": "audio/pcm", "rate": 24000}` (GA)."""
+    if isinstance(value, str) and value in _BY_NAME:
+        return _BY_NAME[value]
+    if isinstance(value, dict) and value.get("type") in _BY_TYPE:
+        fmt = _BY_NAME[_BY_TYPE[value["type"]]]
+        if value.get("rate", fmt.rate_hz) != fmt.rate_hz:
+            raise ProtocolError(
+                f"{param}.rate must be {fmt.rate_hz} for {value['type']}", param=param
+            )
+        return fmt
+    raise ProtocolError(
+        f"{param} = {value!r}: use pcm16, g711_ulaw, g711_alaw or "
+        '{"type": "audio/pcm" | "audio/pcmu" | "audio/pcma"}',
+        param=param,
+    )
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    vad: VadParams = field(default_factory=VadParams)
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "type": "server_vad",
+            "threshold": self.vad.threshold,
+            "prefix_padding_ms": self.vad.prefix_padding_ms,
+            "silence_duration_ms": self.vad.silence_duration_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+        }
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `session.update` can change."""
+
+    model: str = "qwen3-omni"
+    instructions: str = ""
+    voice: str | None = None
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    input_format: AudioFormat = PCM16
+    output_format: AudioFormat = PCM16
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+
+    def to_openai(self, session_id: str, beta: bool = False) -> dict[str, Any]:
+        td = self.turn_detection.to_openai() if self.turn_detection else None
+        max_tokens: Any = self.max_output_tokens if self.max_output_tokens is not None else "inf"
+        if beta:
+            return {
+                "id": session_id,
+                "object": "realtime.session",
+                "model": self.model,
+                "modalities": ["audio", "text"],
+                "instructions": self.instructions,
+                "voice": self.voice,
+                "input_audio_format": self.input_format.name,
+                "output_audio_format": self.output_format.name,
+                "turn_detection": td,
+                "temperature": self.temperature,
+                "max_response_output_tokens": max_tokens,
+            }
+        return {
+            "type": "realtime",
+            "id": session_id,
+            "object": "realtime.session",
+            "model": self.model,
+            "output_modalities": ["audio"],
+            "instructions": self.instructions,
+            "audio": {
+                "input": {"format": self.input_format.ga(), "turn_detection": td},
+                "output": {"format": self.output_format.ga(), "voice": self.voice},
+            },
+            "max_output_tokens": max_tokens,
+        }
+
+
+def _number(v: Any, param: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+        raise ProtocolError(f"{param} = {v!r}: must be a number in [{lo}, {hi}]", param=param)
+    return float(v)
+
+
+def parse_turn_detection(v: Any, current: TurnDetection | None) -> TurnDetection | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ProtocolError("turn_detection must be an object or null", param="turn_detection")
+    kind = v.get("type", "server_vad")
+    if kind != "server_vad":
+        raise ProtocolError(
+            f"turn_detection.type = {kind!r}: only server_vad (or null) is supported",
+            code="unsupported_value",
+            param="turn_detection.type",
+        )
+    td = current or TurnDetection()
+    vad = td.vad
+    if "threshold" in v:
+        vad = replace(vad, threshold=_number(v["threshold"], "turn_detection.threshold", 0, 1))
+    for key in ("prefix_padding_ms", "silence_duration_ms"):
+        if key in v:
+            vad = replace(vad, **{key: int(_number(v[key], f"turn_detection.{key}", 0, 10000))})
+    return TurnDetection(
+        vad,
+        bool(v.get("create_response", td.create_response)),
+        bool(v.get("interrupt_response", td.interrupt_response)),
+    )
+
+
+def apply_session_update(s: Settings, session: Any) -> Settings:
+    """`session.update`'s `session` object (GA nested or beta flat) applied to `s`."""
+    if not isinstance(session, dict):
+        raise ProtocolError("session must be an object", param="session")
+    changes: dict[str, Any] = {}
+    if "instructions" in session:
+        if not isinstance(session["instructions"], str):
+            raise ProtocolError("instructions must be a string", param="session.instructions")
+        changes["instructions"] = session["instructions"]
+    if "temperature" in session:
+        changes["temperature"] = _number(session["temperature"], "session.temperature", 0, 2)
+    for key in ("max_output_tokens", "max_response_output_tokens"):
+        if key in session:
+            v = session[key]
+            changes["max_output_tokens"] = (
+                None if v == "inf" else int(_number(v, f"session.{key}", 1, 1 << 20))
+            )
+    if "voice" in session:
+        changes["voice"] = session["voice"]
+    if "input_audio_format" in session:
+        changes["input_format"] = parse_format(session["input_audio_format"], "input_audio_format")
+    if "output_audio_format" in session:
+        changes["output_format"] = parse_format(
+            session["output_audio_format"], "output_audio_format"
+        )
+    td = s.turn_detection
+    if "turn_detection" in session:
+        changes["turn_detection"] = parse_turn_detection(session["turn_detection"], td)
+    a = session.get("audio")
+    if a is not None:
+        if not isinstance(a, dict):
+            raise ProtocolError("session.audio must be an object", param="session.audio")
+        inp, out = a.get("input") or {}, a.get("output") or {}
+        if "format" in inp:
+            changes["input_format"] = parse_format(inp["format"], "audio.input.format")
+        if "turn_detection" in inp:
+            changes["turn_detection"] = parse_turn_detection(inp["turn_detection"], td)
+        if "format" in out:
+            changes["output_format"] = parse_format(out["format"], "audio.output.format")
+        if "voice" in out:
+            changes["voice"] = out["voice"]
+    if (
+        "voice" in changes
+        and changes["voice"] is not None
+        and not isinstance(changes["voice"], str)
+    ):
+        raise ProtocolError("voice must be a string", param="voice")
+    return replace(s, **changes)
+
+
+def decode_b64(data: Any, param: str) -> bytes:
+    if not isinstance(data, str):
+        raise ProtocolError(f"{param} must be a base64 string", param=param)
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(f"{param} is not valid base64", param=param) from None
+
+
+def event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:20]}"
+
+
+def error_event(
+    message: str,
+    code: str = "invalid_value",
+    param: str | None = None,
+    client_event_id: str | None = None,
+    kind: str = "invalid_request_error",
+) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "error": {
+            "type": kind,
+            "code": code,
+            "message": message,
+            "param": param,
+            "event_id": client_event_id,
+        },
+    }
+
+
+# GA server event names -> beta (OpenAI-Beta: realtime=v1) names; the rest are shared.
+BETA_NAMES = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "conversation.item.added": "conversation.item.created",
+}
+GA_ONLY = {"conversation.item.done"}  # beta clients never heard of it
+
+
+def for_beta(event: dict[str, Any]) -> dict[str, Any] | None:
+    """A GA server event as a beta client expects it (None: not sent to beta clients)."""
+    kind = event["type"]
+    if kind in GA_ONLY:
+        return None
+    if kind in BETA_NAMES:
+        event = dict(event, type=BETA_NAMES[kind])
+    part = event.get("part")
+    if isinstance(part, dict) and part.get("type") == "output_audio":
+        event = dict(event, part=dict(part, type="audio"))
+    return event

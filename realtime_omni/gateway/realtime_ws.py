@@ -1,0 +1,180 @@
+"""`/v1/realtime`: the OpenAI Realtime protocol over a WebSocket, around one `Session`.
+
+The receive loop turns each message into `Session.handle`; a refused or malformed event gets an
+`error` event and the connection goes on. The send loop forwards the session's events and, on a
+20 ms tick, reads the playout queue as far as real time allows (plus `send_ahead_ms` of slack
+for the client's jitter buffer) and sends it as audio deltas in the session's output format.
+Beta clients (`OpenAI-Beta: realtime=v1`) get the beta event names and session shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id, for_beta
+from realtime_omni.gateway.session import Session
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+TICK_S = 0.02
+SEND_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
+
+
+class RealtimeConnection:
+    def __init__(self, ws: WebSocket, session: Session, gw: Gateway, beta: bool) -> None:
+        self.ws, self.session, self.gw, self.beta = ws, session, gw, beta
+        self._sent_s = 0.0  # audio seconds the last send_audio sent
+
+    async def send(self, event: dict[str, Any]) -> None:
+        if self.beta:
+            if event["type"] in ("session.created", "session.updated"):
+                event = dict(event, session=self.session.settings.to_openai(self.session.id, True))
+            converted = for_beta(event)
+            if converted is None:
+                return
+            event = converted
+        event = {"event_id": event_id(), **event}
+        await asyncio.wait_for(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
+
+    async def error(self, e: ProtocolError, client_event_id: str | None = None) -> None:
+        await self.send(error_event(str(e), e.code, e.param, client_event_id))
+
+    async def receive_loop(self) -> None:
+        limit = self.gw.config.max_message_bytes
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            raw = msg.get("text")
+            if raw is None:
+                raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+            if len(raw) > limit:
+                await self.error(
+                    ProtocolError(
+                        f"message of {len(raw)} bytes exceeds the limit of {limit} bytes; send "
+                        "audio in smaller appends",
+                        code="message_too_large",
+                    )
+                )
+                continue
+            await self.dispatch(raw)
+
+    async def dispatch(self, raw: str) -> None:
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError as e:
+            await self.error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
+            return
+        client_id = event.get("event_id") if isinstance(event, dict) else None
+        try:
+            await self.session.handle(event)
+        except ProtocolError as e:
+            await self.error(e, client_id if isinstance(client_id, str) else None)
+        except Exception as e:  # a bug must cost the client an error event, not the connection
+            log.exception("event %r failed", event.get("type"))
+            err = error_event(
+                f"internal error: {e}", "server_error", None, client_id, "server_error"
+            )
+            await self.send(err)
+
+    async def send_loop(self) -> None:
+        s = self.session
+        ahead = self.gw.config.send_ahead_ms / 1000
+        credit, last = ahead, time.monotonic()  # seconds of audio the clock allows to send
+        next_tick = last
+        get: asyncio.Task[dict[str, Any]] | None = None
+        try:
+            while True:
+                if get is None:
+                    get = asyncio.create_task(s.next_event())
+                # Wake on an event, on fresh audio (so a first chunk leaves at once) or the tick.
+                audio = asyncio.create_task(s.audio_written.wait())
+                wait_s = max(0.0, next_tick - time.monotonic())
+                await asyncio.wait({get, audio}, timeout=wait_s, return_when="FIRST_COMPLETED")
+                audio.cancel()
+                if get.done():
+                    await self.send(get.result())
+                    get = None
+                    for ev in s.pending_events():
+                        await self.send(ev)
+                now = time.monotonic()
+                if now < next_tick and not s.audio_written.is_set():
+                    continue
+                s.audio_written.clear()
+                next_tick = max(next_tick + TICK_S, now) if now >= next_tick else next_tick
+                credit = min(ahead + TICK_S, credit + now - last)
+                last = now
+                await self.send_audio(credit)
+                credit -= self._sent_s
+        finally:
+            if get is not None:
+                get.cancel()
+
+    async def send_audio(self, credit_s: float) -> None:
+        s = self.session
+        r = s.read_output(int(credit_s * s.output_rate), pad=False)
+        self._sent_s = len(r.pcm) / s.output_rate
+        fmt = s.settings.output_format
+        for item_id, off, n in r.items:
+            delta = base64.b64encode(fmt.encode(r.pcm[off : off + n])).decode()
+            await self.send(
+                {
+                    "type": "response.output_audio.delta",
+                    "response_id": s.response_of(item_id),
+                    "item_id": item_id,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": delta,
+                }
+            )
+
+
+async def realtime_endpoint(ws: WebSocket) -> None:
+    gw: Gateway = ws.app.state.gateway
+    await ws.accept()
+    beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+    if len(gw.sessions) >= gw.config.max_sessions:
+        err = error_event(
+            f"the server is at its limit of {gw.config.max_sessions} sessions; try again later",
+            "too_many_sessions",
+            kind="server_error",
+        )
+        await ws.send_text(json.dumps({"event_id": event_id(), **err}))
+        await ws.close(code=1013, reason="too many sessions")
+        return
+    session = gw.new_session(model=ws.query_params.get("model") or "qwen3-omni")
+    gw.sessions.add(session)
+    conn = RealtimeConnection(ws, session, gw, beta)
+    sender: asyncio.Task[None] | None = None
+    try:
+        await session.start()
+        await conn.send(
+            {"type": "session.created", "session": session.settings.to_openai(session.id)}
+        )
+        sender = asyncio.create_task(conn.send_loop())
+        receiver = asyncio.create_task(conn.receive_loop())
+        done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        receiver.cancel()
+        for t in done:
+            if not t.cancelled() and t.exception() is not None:
+                exc = t.exception()
+                if not isinstance(exc, WebSocketDisconnect | TimeoutError | RuntimeError):
+                    log.error("connection failed", exc_info=exc)
+    finally:
+        if sender is not None:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        await session.close()
+        gw.forget(session)
+        with contextlib.suppress(Exception):
+            await ws.close()

@@ -1,0 +1,669 @@
+"""One conversation with one person, whatever the transport.
+
+    session = Session(coord, output_rate_hz=48000)   # None: follow the session's output format
+    await session.start()                 # loads the VAD model (in a thread), starts tasks
+    session.push_audio(pcm, rate_hz)      # microphone audio, any rate, float32 [-1, 1] or int16
+    session.set_video_frame(rgb)          # latest camera frame, uint8 [H, W, 3], or None
+    frame = session.read_output(960)      # exactly n samples at `output_rate`, silence if none
+    await session.handle(event)           # an OpenAI Realtime client event (a parsed JSON dict)
+    event = await session.next_event()    # OpenAI Realtime server events, GA names, in order
+    await session.close()                 # aborts what is running; safe to call twice
+
+Audio in: `push_audio` never blocks; it resamples to 16 kHz, appends to the input buffer and wakes
+the VAD task (silero on 32 ms windows, in a worker thread). With server VAD on (the default;
+`turn_detection: null` in `session.update` turns it off) a speech stop commits the turn and, with
+`create_response`, starts a response; otherwise the client commits (`input_audio_buffer.commit`)
+and asks (`response.create`).
+
+Audio out: a transport reads at its own clock. A WebRTC track calls `read_output(960)` every
+20 ms at 48 kHz and sends what it gets (silence when nothing is queued). The WebSocket sender
+calls `read_output(n, pad=False)` as real time allows and sends what comes as audio deltas; a
+`Read` also says which response item each sample belongs to. `output_rate` is fixed when given
+to the constructor, else it follows `session.update`'s output format between responses.
+
+Events out: `next_event()` returns dicts shaped as the OpenAI GA protocol (`type` plus fields,
+no `event_id` yet: the transport adds it). Audio deltas are not among them: the transport makes
+those from what it reads. `response.done` comes after the response's audio has been read out,
+so a transport that sends audio as it reads it sends every delta before the `response.done`.
+
+A response is active from `response.created` until `response.done`, its playout included. Speech
+starting while one is active (with `interrupt_response`) is a barge-in: the playout queue is
+flushed at once (the next read is silence), the request is aborted in every stage and awaited,
+`response.done` says cancelled / turn_detected, and the assistant item keeps what was read out.
+A response holds its request's output stream unread while the playout queue is `max_lead_ms`
+ahead; the runtime's credits then hold back the stages upstream.
+
+`handle` raises `ProtocolError` for an event it refuses; the transport turns it into an `error`
+event. Everything here runs in one asyncio loop; no method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from realtime_omni.errors import OmniError
+from realtime_omni.gateway.audio import Resampler
+from realtime_omni.gateway.conversation import Conversation, Item, Part, new_id
+from realtime_omni.gateway.playout import Playout, Read
+from realtime_omni.gateway.protocol import (
+    ProtocolError,
+    Settings,
+    apply_session_update,
+    decode_b64,
+)
+from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad, SpeechStarted, Windower
+
+log = logging.getLogger(__name__)
+
+MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
+MAX_INPUT_MS = 120_000  # input buffer limit; older audio is dropped past it
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
+MAX_IMAGE_SIDE = 1280  # larger images are scaled down before they join the conversation
+_METRIC_LEN = 1000  # samples kept per metric
+
+
+class VadModel(Protocol):
+    def probs(self, windows: list[np.ndarray]) -> list[float]: ...
+    def reset(self) -> None: ...
+
+
+class Pipeline(Protocol):
+    """What a session needs of `Coordinator`."""
+
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> Any: ...
+    async def abort(self, request_id: str) -> None: ...
+
+
+@dataclass
+class _Response:
+    id: str
+    item: Item
+    payload: dict[str, Any]
+    turn_end: float  # monotonic time the turn ended (speech stop, commit or response.create)
+    task: asyncio.Task[None] | None = None
+    resampler: Resampler | None = None
+    first_audio: float | None = None
+    ending: bool = False  # finishing or cancelling: nothing may start either again
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+class Session:
+    def __init__(
+        self,
+        coord: Pipeline,
+        *,
+        vad_factory: Callable[[], VadModel] | None = None,
+        settings: Settings | None = None,
+        output_rate_hz: int | None = None,
+        max_lead_ms: float = 2000.0,
+        max_payload_bytes: int | None = None,
+    ) -> None:
+        self.coord = coord
+        self.id = new_id("sess")
+        self.settings = settings or Settings()
+        self._fixed_rate = output_rate_hz
+        self.max_lead_ms = max_lead_ms
+        self.max_payload_bytes = max_payload_bytes
+        self.conversation = Conversation()
+        self.playout = Playout(output_rate_hz or self.settings.output_format.rate_hz)
+        self.metrics: dict[str, deque[float]] = {
+            k: deque(maxlen=_METRIC_LEN)
+            for k in ("token_to_audio_ms", "first_audio_ms", "barge_in_to_silence_ms", "abort_ms")
+        }
+        # Unbounded: events are made only as fast as client events arrive and a lead-limited
+        # response streams; a transport that stops reading is closed by its own send timeout.
+        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.audio_written = asyncio.Event()  # set on every playout write; a sender may clear it
+        self._vad_factory = vad_factory
+        self._vad_model: VadModel | None = None
+        self._vad = ServerVad(
+            self.settings.turn_detection.vad if self.settings.turn_detection else None
+        )
+        self._windower = Windower()
+        self._vad_pending: list[np.ndarray] = []
+        self._vad_wake = asyncio.Event()
+        self._vad_task: asyncio.Task[None] | None = None
+        self._vad_samples = 0  # input samples the VAD has judged
+        self._turn_item_id: str | None = None  # the user item a detected speech will become
+        self._turn_start_ms = 0
+        self._in_resamplers: dict[int, Resampler] = {}
+        self._input: list[np.ndarray] = []  # 16 kHz chunks
+        self._input_start = 0  # absolute sample index of _input[0][0]
+        self._input_end = 0  # absolute sample index after the last sample
+        self._response: _Response | None = None
+        self._item_response: dict[str, str] = {}  # item_id -> response id, while active
+        self._barge_at: float | None = None  # when a barge-in flushed the queue
+        self._video: np.ndarray | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._vad_factory is not None and self._vad_model is None:
+            self._vad_model = await asyncio.to_thread(self._vad_factory)
+        if self._vad_task is None:
+            self._vad_task = asyncio.create_task(self._vad_loop())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OmniError):
+            await self.cancel_response("client_cancelled")
+        for t in [self._vad_task, *self._tasks]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(
+            *(t for t in [self._vad_task, *self._tasks] if t), return_exceptions=True
+        )
+
+    @property
+    def output_rate(self) -> int:
+        return self.playout.rate_hz
+
+    def response_of(self, item_id: str) -> str | None:
+        return self._item_response.get(item_id)
+
+    @property
+    def active_response(self) -> str | None:
+        return self._response.id if self._response else None
+
+    # ---- events ------------------------------------------------------------------------
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        self._events.put_nowait({"type": kind, **fields})
+
+    async def next_event(self) -> dict[str, Any]:
+        return await self._events.get()
+
+    def pending_events(self) -> list[dict[str, Any]]:
+        out = []
+        while not self._events.empty():
+            out.append(self._events.get_nowait())
+        return out
+
+    # ---- audio in ----------------------------------------------------------------------
+
+    def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
+        x = np.asarray(pcm)
+        x = x.astype(np.float32) / 32768.0 if x.dtype == np.int16 else x.astype(np.float32)
+        x = x.reshape(-1)
+        if rate_hz != SAMPLE_RATE_HZ:
+            r = self._in_resamplers.get(rate_hz)
+            if r is None:
+                r = self._in_resamplers[rate_hz] = Resampler(rate_hz, SAMPLE_RATE_HZ)
+            x = r.process(x)
+        if not len(x):
+            return
+        self._input.append(x)
+        self._input_end += len(x)
+        limit = MAX_INPUT_MS * SAMPLE_RATE_HZ // 1000
+        while self._input_end - self._input_start - len(self._input[0]) >= limit:
+            self._input_start += len(self._input.pop(0))
+        if self.settings.turn_detection is not None:
+            self._vad_pending.append(x)
+            self._vad_wake.set()
+
+    def _input_slice(self, start: int, end: int) -> np.ndarray:
+        """Input samples [start, end) (absolute indices), what of them is still buffered."""
+        out, pos = [], self._input_start
+        for c in self._input:
+            a, b = max(start, pos), min(end, pos + len(c))
+            if a < b:
+                out.append(c[a - pos : b - pos])
+            pos += len(c)
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def _trim_input(self, keep_from: int) -> None:
+        while self._input and self._input_start + len(self._input[0]) <= keep_from:
+            self._input_start += len(self._input.pop(0))
+
+    def _clear_input(self) -> None:
+        self._input.clear()
+        self._input_start = self._input_end
+        self._vad_pending.clear()
+        self._vad_samples = self._input_end
+        self._vad = ServerVad(self._vad.params)
+        self._vad.elapsed_ms = self._input_end * 1000 / SAMPLE_RATE_HZ
+        self._windower = Windower()
+        self._turn_item_id = None
+        if self._vad_model is not None:
+            self._vad_model.reset()
+
+    async def _vad_loop(self) -> None:
+        while True:
+            await self._vad_wake.wait()
+            self._vad_wake.clear()
+            chunks, self._vad_pending = self._vad_pending, []
+            windows = [w for c in chunks for w in self._windower.push(c)]
+            if not windows or self._vad_model is None or self.settings.turn_detection is None:
+                continue
+            probs = await asyncio.to_thread(self._vad_model.probs, windows)
+            for p in probs:
+                self._vad_samples += len(windows[0])
+                ev = self._vad.feed(p)
+                if ev is not None:
+                    self._on_vad(ev)
+            if not self._vad.speaking and self.settings.turn_detection is not None:
+                pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
+                self._trim_input(self._vad_samples - pad - len(windows[0]))
+
+    def feed_vad(self, prob: float) -> None:
+        """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
+        ev = self._vad.feed(prob)
+        if ev is not None:
+            self._on_vad(ev)
+
+    def _on_vad(self, ev: Any) -> None:
+        td = self.settings.turn_detection
+        if td is None:
+            return
+        if isinstance(ev, SpeechStarted):
+            self._turn_item_id = new_id("item")
+            self._turn_start_ms = ev.audio_start_ms
+            self._emit(
+                "input_audio_buffer.speech_started",
+                audio_start_ms=ev.audio_start_ms,
+                item_id=self._turn_item_id,
+            )
+            if td.interrupt_response and self._response is not None:
+                self._barge_in()
+            return
+        item_id = self._turn_item_id or new_id("item")
+        self._emit(
+            "input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_end_ms, item_id=item_id
+        )
+        start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
+        end = ev.audio_end_ms * SAMPLE_RATE_HZ // 1000
+        pcm = self._input_slice(start, end)
+        self._trim_input(end)
+        self._turn_item_id = None
+        self._commit_audio(pcm, item_id)
+        if td.create_response and self._response is None:
+            self._start_response({}, time.monotonic())
+
+    def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
+        item = Item(item_id, "user", [Part("audio", audio=pcm)])
+        prev = self.conversation.add(item)
+        self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item_id)
+        self._emit_item_added(item, prev)
+
+    def _emit_item_added(self, item: Item, prev: str | None) -> None:
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
+        self._emit("conversation.item.done", previous_item_id=prev, item=item.to_openai())
+
+    # ---- audio out ---------------------------------------------------------------------
+
+    def read_output(self, n: int, pad: bool = True) -> Read:
+        """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
+        r = self.playout.read(n, pad)
+        now = time.monotonic()
+        if self._barge_at is not None:
+            self.metrics["barge_in_to_silence_ms"].append((now - self._barge_at) * 1e3)
+            self._barge_at = None
+        resp = self._response
+        for cs in r.chunk_starts:
+            first = resp is not None and cs.item_id == resp.item.id and resp.first_audio is None
+            if first and resp is not None:
+                resp.first_audio = now
+                self.metrics["first_audio_ms"].append((now - resp.turn_end) * 1e3)
+            if first or cs.queue_was_empty:
+                self.metrics["token_to_audio_ms"].append((now - cs.token_time) * 1e3)
+        return r
+
+    # ---- responses ---------------------------------------------------------------------
+
+    def _start_response(self, overrides: dict[str, Any], turn_end: float) -> _Response:
+        if self._response is not None:
+            raise ProtocolError(
+                f"the conversation already has an active response ({self._response.id})",
+                code="conversation_already_has_active_response",
+            )
+        s = self.settings
+        want = self._fixed_rate or s.output_format.rate_hz
+        if want != self.playout.rate_hz and self.playout.queued == 0:
+            self.playout = Playout(want)
+        payload = self.conversation.payload(
+            overrides.get("instructions", s.instructions),
+            self.max_payload_bytes,
+            self._video,
+            temperature=overrides.get("temperature", s.temperature),
+            max_tokens=overrides.get("max_output_tokens", s.max_output_tokens),
+            speaker=overrides.get("voice", s.voice),
+        )
+        item = Item(new_id("item"), "assistant", status="in_progress")
+        resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
+        self._response = resp
+        self._item_response[item.id] = resp.id
+        self._emit("response.created", response=self._response_obj(resp, "in_progress"))
+        prev = self.conversation.add(item)
+        self._emit(
+            "response.output_item.added", response_id=resp.id, output_index=0, item=item.to_openai()
+        )
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
+        self._emit(
+            "response.content_part.added",
+            response_id=resp.id,
+            item_id=item.id,
+            output_index=0,
+            content_index=0,
+            part={"type": "output_audio", "transcript": ""},
+        )
+        resp.task = asyncio.create_task(self._run(resp))
+        return resp
+
+    def _response_obj(self, resp: _Response, status: str, details: Any = None) -> dict[str, Any]:
+        return {
+            "id": resp.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": [] if status == "in_progress" else [resp.item.to_openai()],
+            "usage": None,
+        }
+
+    async def _run(self, resp: _Response) -> None:
+        try:
+            stream = await self.coord.submit(resp.payload, resp.id)
+            resp.payload = {}  # the arrays are in the pipeline now
+            it = stream.__aiter__()
+            while True:
+                await self._hold_lead()
+                try:
+                    out = await it.__anext__()
+                except StopAsyncIteration:
+                    break
+                self._on_output(resp, out.data)
+            if resp.resampler is not None:
+                self._write_audio(resp, resp.resampler.flush(), None)
+            while self.playout.queued_of(resp.item.id) > 0:  # done once it has been heard
+                await asyncio.sleep(0.01)
+        except OmniError as e:
+            log.warning("response %s failed: %s", resp.id, e)
+            self.playout.clear(resp.item.id)
+            self._finish(resp, "failed", {"type": "failed", "error": {"message": str(e)}})
+            return
+        self._finish(resp, "completed", None)
+
+    async def _hold_lead(self) -> None:
+        """Wait while the playout queue is `max_lead_ms` ahead of what has been played."""
+        while (over := self.playout.queued_ms - self.max_lead_ms) > 0:
+            await asyncio.sleep(min(0.1, max(0.005, over / 1000)))
+
+    def _on_output(self, resp: _Response, data: dict[str, Any]) -> None:
+        token_time = data.get("token_time")
+        if "pcm" in data:
+            if resp.resampler is None:
+                src = int(data.get("sample_rate_hz", MODEL_RATE_HZ))
+                resp.resampler = Resampler(src, self.playout.rate_hz)
+            pcm = np.asarray(data["pcm"], np.float32).reshape(-1)
+            self._write_audio(resp, resp.resampler.process(pcm), token_time)
+        text = data.get("text") or ""
+        if text:
+            resp.item.add_text(token_time if token_time is not None else time.monotonic(), text)
+            self._emit(
+                "response.output_audio_transcript.delta",
+                response_id=resp.id,
+                item_id=resp.item.id,
+                output_index=0,
+                content_index=0,
+                delta=text,
+            )
+
+    def _write_audio(self, resp: _Response, pcm: np.ndarray, token_time: float | None) -> None:
+        if not len(pcm):
+            return
+        self.playout.write(resp.item.id, pcm, token_time)
+        self.audio_written.set()
+        resp.item.add_audio(len(pcm) * 1000 / self.playout.rate_hz, token_time)
+
+    def _finish(self, resp: _Response, status: str, details: Any) -> None:
+        if self._response is not resp:
+            return
+        self._response = None
+        item = resp.item
+        self._item_response.pop(item.id, None)
+        item.status = "completed" if status == "completed" else "incomplete"
+        ids = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
+        self._emit("response.output_audio.done", **ids)
+        self._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
+        part = {"type": "output_audio", "transcript": item.transcript}
+        self._emit("response.content_part.done", **ids, part=part)
+        self._emit(
+            "response.output_item.done", response_id=resp.id, output_index=0, item=item.to_openai()
+        )
+        self._emit("conversation.item.done", item=item.to_openai())
+        self._emit("response.done", response=self._response_obj(resp, status, details))
+
+    def _barge_in(self) -> None:
+        """Speech over the bot: silence from the next read, then cancel in the background."""
+        self.playout.clear()
+        self._barge_at = time.monotonic()
+        self._track(self.cancel_response("turn_detected"))
+
+    async def cancel_response(self, reason: str) -> bool:
+        """Stop the active response: flush its audio, abort its request in every stage (awaited),
+        keep what was played. False when there was none."""
+        resp = self._response
+        if resp is None or resp.ending:
+            return resp is not None
+        resp.ending = True
+        self.playout.clear(resp.item.id)
+        if resp.task is not None:
+            resp.task.cancel()
+            await asyncio.gather(resp.task, return_exceptions=True)
+        t0 = time.monotonic()
+        try:
+            await self.coord.abort(resp.id)
+        finally:
+            self.metrics["abort_ms"].append((time.monotonic() - t0) * 1e3)
+            played_ms = self.playout.played_ms(resp.item.id)
+            resp.item.truncate(min(played_ms, resp.item.audio_ms))
+            self.playout.forget(resp.item.id)
+            self._finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
+        return True
+
+    def _track(self, coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # ---- camera ------------------------------------------------------------------------
+
+    def set_video_frame(self, frame: np.ndarray | None) -> None:
+        """The latest camera frame (uint8 [H, W, 3]); the next turn carries it as an image."""
+        if frame is not None:
+            frame = np.ascontiguousarray(frame, np.uint8)
+            if frame.ndim != 3 or frame.shape[2] != 3:
+                raise ValueError(f"a video frame must be uint8 [H, W, 3], got {frame.shape}")
+        self._video = frame
+
+    # ---- client events -----------------------------------------------------------------
+
+    async def handle(self, event: Any) -> None:
+        """Apply one client event. Raises `ProtocolError` for one it refuses."""
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise ProtocolError("an event must be a JSON object with a string `type`", param="type")
+        kind = event["type"]
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            raise ProtocolError(f"unknown event type {kind!r}", code="invalid_event", param="type")
+        await handler(self, event)
+
+    async def _session_update(self, ev: dict[str, Any]) -> None:
+        s = apply_session_update(self.settings, ev.get("session"))
+        if s.turn_detection != self.settings.turn_detection:
+            self._vad = ServerVad(s.turn_detection.vad if s.turn_detection else None)
+            self._clear_input()
+        self.settings = s
+        self._emit("session.updated", session=s.to_openai(self.id))
+
+    async def _append(self, ev: dict[str, Any]) -> None:
+        data = decode_b64(ev.get("audio"), "audio")
+        fmt = self.settings.input_format
+        self.push_audio(fmt.decode(data), fmt.rate_hz)
+
+    async def _commit(self, ev: dict[str, Any]) -> None:
+        pcm = self._input_slice(self._input_start, self._input_end)
+        if len(pcm) * 1000 < MIN_COMMIT_MS * SAMPLE_RATE_HZ:
+            raise ProtocolError(
+                f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, "
+                f"got {len(pcm) * 1000 / SAMPLE_RATE_HZ:.0f} ms",
+                code="input_audio_buffer_commit_empty",
+            )
+        item_id = self._turn_item_id or new_id("item")
+        self._clear_input()
+        self._commit_audio(pcm, item_id)
+
+    async def _clear(self, ev: dict[str, Any]) -> None:
+        self._clear_input()
+        self._emit("input_audio_buffer.cleared")
+
+    async def _output_clear(self, ev: dict[str, Any]) -> None:
+        self.playout.clear()
+        self._emit("output_audio_buffer.cleared", response_id=self.active_response)
+
+    async def _item_create(self, ev: dict[str, Any]) -> None:
+        spec = ev.get("item")
+        if not isinstance(spec, dict) or spec.get("type", "message") != "message":
+            raise ProtocolError("item must be an object of type message", param="item")
+        role = spec.get("role")
+        if role not in ("user", "assistant", "system"):
+            raise ProtocolError(
+                f"item.role = {role!r}: user, assistant or system", param="item.role"
+            )
+        content = spec.get("content")
+        if not isinstance(content, list) or not content:
+            raise ProtocolError("item.content must be a non-empty list", param="item.content")
+        item = Item(spec.get("id") or new_id("item"), role)
+        for i, c in enumerate(content):
+            item_part = self._parse_part(c, f"item.content[{i}]")
+            if role == "assistant" and item_part.kind == "text":
+                item.add_text(0.0, item_part.text)
+            else:
+                item.parts.append(item_part)
+        prev = ev.get("previous_item_id")
+        try:
+            prev = self.conversation.add(item, prev)
+        except KeyError:
+            raise ProtocolError(
+                f"previous_item_id {prev!r} is not in the conversation",
+                code="item_not_found",
+                param="previous_item_id",
+            ) from None
+        self._emit_item_added(item, prev)
+
+    def _parse_part(self, c: Any, param: str) -> Part:
+        kind = c.get("type") if isinstance(c, dict) else None
+        if kind in ("input_text", "text", "output_text"):
+            if not isinstance(c.get("text"), str):
+                raise ProtocolError(f"{param}.text must be a string", param=param)
+            return Part("text", text=c["text"])
+        if kind == "input_audio":
+            fmt = self.settings.input_format
+            pcm = fmt.decode(decode_b64(c.get("audio"), f"{param}.audio"))
+            r = Resampler(fmt.rate_hz, SAMPLE_RATE_HZ)
+            return Part("audio", audio=np.concatenate([r.process(pcm), r.flush()]))
+        if kind == "input_image":
+            return Part("image", image=_decode_image(c.get("image_url"), f"{param}.image_url"))
+        raise ProtocolError(
+            f"{param}.type = {kind!r}: use input_text, input_audio or input_image", param=param
+        )
+
+    async def _item_truncate(self, ev: dict[str, Any]) -> None:
+        item_id, ms = ev.get("item_id"), ev.get("audio_end_ms")
+        if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
+            raise ProtocolError("audio_end_ms must be a non-negative integer", param="audio_end_ms")
+        if ev.get("content_index", 0) != 0:
+            raise ProtocolError("content_index must be 0", param="content_index")
+        try:
+            item = self.conversation.get(item_id)  # type: ignore[arg-type]
+        except KeyError:
+            raise ProtocolError(
+                f"item {item_id!r} not found", code="item_not_found", param="item_id"
+            ) from None
+        if item.role != "assistant":
+            raise ProtocolError("only assistant items can be truncated", param="item_id")
+        if self._response is not None and self._response.item is item:
+            await self.cancel_response("client_cancelled")
+        self.playout.clear(item.id)
+        try:
+            item.truncate(ms)
+        except ValueError as e:
+            raise ProtocolError(str(e), param="audio_end_ms") from None
+        self._emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=ms)
+
+    async def _item_delete(self, ev: dict[str, Any]) -> None:
+        try:
+            self.conversation.delete(ev.get("item_id"))  # type: ignore[arg-type]
+        except KeyError:
+            raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
+        self._emit("conversation.item.deleted", item_id=ev["item_id"])
+
+    async def _item_retrieve(self, ev: dict[str, Any]) -> None:
+        try:
+            item = self.conversation.get(ev.get("item_id"))  # type: ignore[arg-type]
+        except KeyError:
+            raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
+        self._emit("conversation.item.retrieved", item=item.to_openai())
+
+    async def _response_create(self, ev: dict[str, Any]) -> None:
+        spec = ev.get("response") or {}
+        if not isinstance(spec, dict):
+            raise ProtocolError("response must be an object", param="response")
+        over: dict[str, Any] = {}
+        if spec:
+            s = apply_session_update(self.settings, spec)
+            for key in ("instructions", "voice", "temperature", "max_output_tokens"):
+                if getattr(s, key) != getattr(self.settings, key):
+                    over[key] = getattr(s, key)
+        self._start_response(over, time.monotonic())
+
+    async def _response_cancel(self, ev: dict[str, Any]) -> None:
+        rid = ev.get("response_id")
+        active = self._response
+        if active is None or active.ending or (rid is not None and rid != active.id):
+            raise ProtocolError(
+                "Cancellation failed: no active response found", code="response_cancel_not_active"
+            )
+        await self.cancel_response("client_cancelled")
+
+
+def _decode_image(url: Any, param: str) -> np.ndarray:
+    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
+        raise ProtocolError(f"{param} must be a data: URL (base64 PNG or JPEG)", param=param)
+    from PIL import Image, UnidentifiedImageError
+
+    raw = decode_b64(url.split(",", 1)[1], param)
+    try:
+        img = Image.open(io.BytesIO(raw)).convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ProtocolError(f"{param}: not an image ({e})", param=param) from None
+    img.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
+    return np.asarray(img, np.uint8).copy()
+
+
+_HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {
+    "session.update": Session._session_update,
+    "input_audio_buffer.append": Session._append,
+    "input_audio_buffer.commit": Session._commit,
+    "input_audio_buffer.clear": Session._clear,
+    "output_audio_buffer.clear": Session._output_clear,
+    "conversation.item.create": Session._item_create,
+    "conversation.item.truncate": Session._item_truncate,
+    "conversation.item.delete": Session._item_delete,
+    "conversation.item.retrieve": Session._item_retrieve,
+    "response.create": Session._response_create,
+    "response.cancel": Session._response_cancel,
+}

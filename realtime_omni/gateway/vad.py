@@ -1,0 +1,123 @@
+"""Voice activity: silero-vad probabilities on 32 ms windows of 16 kHz audio, and the OpenAI
+`server_vad` turn rules over them.
+
+`ServerVad` is the decision (no I/O, no torch): feed it one probability per window, it answers
+`SpeechStarted` / `SpeechStopped` with the OpenAI timestamps. `Windower` cuts any chunks into
+windows. `SileroVad` is the model (one per session: it keeps recurrent state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SAMPLE_RATE_HZ = 16000
+WINDOW_SAMPLES = 512  # silero-vad's window at 16 kHz
+WINDOW_MS = WINDOW_SAMPLES * 1000 / SAMPLE_RATE_HZ  # 32 ms
+
+
+@dataclass(frozen=True)
+class VadParams:
+    """OpenAI `server_vad` parameters (their defaults)."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    audio_start_ms: int  # where the turn's audio begins: the first speech window minus padding
+    detected_ms: int  # end of the window that crossed the threshold
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    audio_end_ms: int  # end of the turn's audio, the trailing silence included
+
+
+class ServerVad:
+    """The `server_vad` state machine over window probabilities.
+
+    Speech starts on the first window at or above `threshold`. It stops once windows below
+    `threshold - 0.15` (silero's own hysteresis) have lasted `silence_duration_ms`; a window
+    between the two thresholds neither starts nor ends silence. Times are milliseconds of audio
+    since the stream began (window ends), so they match the input buffer, not the wall clock.
+    """
+
+    HYSTERESIS = 0.15
+
+    def __init__(self, params: VadParams | None = None) -> None:
+        self.params = params or VadParams()
+        self.speaking = False
+        self.elapsed_ms = 0.0  # audio fed so far
+        self._silence_start_ms: float | None = None
+
+    def feed(
+        self, prob: float, window_ms: float = WINDOW_MS
+    ) -> SpeechStarted | SpeechStopped | None:
+        start_ms = self.elapsed_ms
+        self.elapsed_ms += window_ms
+        p = self.params
+        if not self.speaking:
+            if prob >= p.threshold:
+                self.speaking = True
+                self._silence_start_ms = None
+                begin = max(0.0, start_ms - p.prefix_padding_ms)
+                return SpeechStarted(round(begin), round(self.elapsed_ms))
+            return None
+        if prob >= p.threshold:
+            self._silence_start_ms = None
+        elif prob < p.threshold - self.HYSTERESIS:
+            if self._silence_start_ms is None:
+                self._silence_start_ms = start_ms
+            if self.elapsed_ms - self._silence_start_ms >= p.silence_duration_ms:
+                self.speaking = False
+                self._silence_start_ms = None
+                return SpeechStopped(round(self.elapsed_ms))
+        return None
+
+    def reset(self) -> None:
+        """Forget a turn in progress (the input buffer was cleared); time goes on."""
+        self.speaking = False
+        self._silence_start_ms = None
+
+
+class Windower:
+    """Cuts a 16 kHz stream into `WINDOW_SAMPLES` windows; holds at most one partial window."""
+
+    def __init__(self, size: int = WINDOW_SAMPLES) -> None:
+        self.size = size
+        self._rest = np.zeros(0, np.float32)
+
+    def push(self, x: np.ndarray) -> list[np.ndarray]:
+        buf = np.concatenate([self._rest, np.asarray(x, np.float32).reshape(-1)])
+        n = len(buf) // self.size
+        self._rest = buf[n * self.size :].copy()
+        return [buf[i * self.size : (i + 1) * self.size] for i in range(n)]
+
+
+class SileroVad:
+    """silero-vad's model for one stream (it carries state from window to window).
+
+    Loading takes ~0.1 s once torch is imported; `probs` costs ~0.3-5 ms per window on one core,
+    so callers run it off the event loop. Imports torch: only construct it where torch is wanted.
+    """
+
+    def __init__(self) -> None:
+        import torch
+        from silero_vad import load_silero_vad
+
+        torch.set_num_threads(1)  # the gateway's torch does only this; leave cores to stages
+        self._torch = torch
+        self.model = load_silero_vad()
+
+    def probs(self, windows: list[np.ndarray]) -> list[float]:
+        with self._torch.inference_mode():
+            return [
+                float(self.model(self._torch.from_numpy(w), SAMPLE_RATE_HZ).item()) for w in windows
+            ]
+
+    def reset(self) -> None:
+        self.model.reset_states()

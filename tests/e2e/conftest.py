@@ -1,0 +1,78 @@
+"""A real `realtime-omni serve` on a free port with the simulated Qwen3-Omni config."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from realtime_omni.gateway.audio import resample
+from tests.conftest import ROOT, timeout
+
+MAX_SESSIONS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "realtime_omni.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--config",
+            str(ROOT / "configs" / "simulated-qwen3-omni.yaml"),
+            "--max-sessions",
+            str(MAX_SESSIONS),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout(60)
+    line = ""
+    while time.monotonic() < deadline and "serving" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            pytest.fail(f"the server exited with {proc.returncode}")
+    assert f"http://127.0.0.1:{port}" in line
+    yield f"http://127.0.0.1:{port}"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=timeout(15))
+    left = [p for p in os.listdir("/dev/shm") if p.startswith(f"rto_{proc.pid}_")]
+    assert left == [], f"shared memory left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def speech() -> np.ndarray:
+    """'Hello, how are you today?' spoken by espeak-ng, 24 kHz float32 (pcm16's rate)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); silero needs speech")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), "Hello, how are you today?"], check=True)
+        with wave.open(str(path)) as w:
+            rate = w.getframerate()
+            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    return resample(x, rate, 24000)

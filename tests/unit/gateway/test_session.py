@@ -1,0 +1,249 @@
+"""The session against a fake pipeline: turns, lead limit, barge-in, cancel, truncate."""
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime_omni.errors import RequestAborted
+from realtime_omni.gateway.protocol import ProtocolError
+from realtime_omni.gateway.session import Session
+from realtime_omni.pipeline.coordinator import Output
+from tests.conftest import run
+
+CHUNK = 1920 * 4  # 320 ms at 24 kHz
+
+
+class FakeStream:
+    def __init__(self, chunks: int, gap_s: float) -> None:
+        self.chunks, self.gap_s, self.taken = chunks, gap_s, 0
+        self.aborted = False
+
+    def __aiter__(self) -> "FakeStream":
+        return self
+
+    async def __anext__(self) -> Output:
+        if self.aborted:
+            raise RequestAborted("aborted")
+        if self.taken >= self.chunks:
+            raise StopAsyncIteration
+        await asyncio.sleep(self.gap_s)
+        self.taken += 1
+        if self.taken % 2:
+            return Output("decode", {"text": f"w{self.taken} ", "token_time": time.monotonic()})
+        return Output(
+            "code2wav", {"pcm": np.ones((4, 1920), np.float32), "token_time": time.monotonic()}
+        )
+
+
+class FakeCoord:
+    def __init__(self, chunks: int = 20, gap_s: float = 0.0) -> None:
+        self.chunks, self.gap_s = chunks, gap_s
+        self.payloads: list[dict[str, Any]] = []
+        self.streams: dict[str, FakeStream] = {}
+        self.aborted: list[str] = []
+
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
+        assert request_id is not None
+        self.payloads.append(payload)
+        self.streams[request_id] = s = FakeStream(self.chunks, self.gap_s)
+        return s
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        if request_id in self.streams:
+            self.streams[request_id].aborted = True
+
+
+def types(s: Session) -> list[str]:
+    return [e["type"] for e in s.pending_events()]
+
+
+async def settle(s: Session, pred: Any, limit_s: float = 5.0, read: int = 0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not pred():
+        if read:
+            s.read_output(read)
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def speak(s: Session, windows: int) -> None:
+    for _ in range(windows):
+        s.push_audio(np.full(512, 0.1, np.float32), 16000)  # the buffer, in step with the VAD
+        s.feed_vad(0.9)
+
+
+def silence(s: Session, windows: int) -> None:
+    for _ in range(windows):
+        s.push_audio(np.zeros(512, np.float32), 16000)
+        s.feed_vad(0.0)
+
+
+def test_speech_turn_commits_and_streams_a_response_into_playout() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=4)
+        s = Session(coord)
+        await s.start()
+        silence(s, 5)
+        speak(s, 20)
+        silence(s, 16)  # 512 ms of silence ends the turn
+        ev = s.pending_events()
+        kinds = [e["type"] for e in ev]
+        assert kinds[:3] == [
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed",
+        ]
+        assert "response.created" in kinds
+        assert ev[1]["audio_end_ms"] == 41 * 32
+        await settle(s, lambda: s.playout.queued > 0)
+        await settle(s, lambda: s.active_response is None, read=4800)
+        kinds = types(s)
+        assert kinds[-1] == "response.done"
+        assert "response.output_audio_transcript.delta" in kinds
+        (msgs,) = [p["messages"] for p in coord.payloads]
+        assert msgs == [{"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]}]
+        audio = coord.payloads[0]["audio_0"]
+        assert len(audio) == 41 * 32 * 16  # from 0: the 300 ms prefix padding reaches the start
+        assert s.metrics["first_audio_ms"] and s.metrics["token_to_audio_ms"]
+        await s.close()
+
+    run(body())
+
+
+def test_second_turn_carries_the_conversation_so_far() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=2)
+        s = Session(coord)
+        await s.handle({"type": "session.update", "session": {"turn_detection": None}})
+        s.push_audio(np.zeros(4800, np.float32), 24000)
+        await s.handle({"type": "input_audio_buffer.commit"})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None, read=24000)
+        await s.handle(
+            {
+                "type": "conversation.item.create",
+                "item": {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "and now?"}],
+                },
+            }
+        )
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None, read=24000)
+        msgs = coord.payloads[1]["messages"]
+        assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+        assert msgs[1]["content"] == "w1 "
+        assert msgs[2]["content"] == [{"type": "text", "text": "and now?"}]
+        await s.close()
+
+    run(body())
+
+
+def test_lead_limit_holds_the_stream_while_nobody_plays() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=40)
+        s = Session(coord, max_lead_ms=1000)
+        await s.handle({"type": "response.create"})
+        await asyncio.sleep(0.3)
+        (stream,) = coord.streams.values()
+        # 320 ms per audio chunk: it stops once more than 1000 ms wait (4 chunks = 1280 ms)
+        assert s.playout.queued_ms <= 1000 + 320
+        assert stream.taken <= 9
+        for _ in range(30):  # play 600 ms: the stream moves on
+            s.read_output(480)
+        await asyncio.sleep(0.1)
+        assert stream.taken > 9
+        await s.close()
+
+    run(body())
+
+
+def test_barge_in_silences_the_next_read_aborts_and_keeps_what_was_played() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=40)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        assert s.read_output(4800).pcm.min() == 1.0  # 200 ms heard
+        rid = s.active_response
+        s.pending_events()
+        speak(s, 1)  # speech starts while the bot talks
+        assert s.read_output(480).pcm.max() == 0.0  # the very next frame is silent
+        await settle(s, lambda: s.active_response is None)
+        assert coord.aborted == [rid]
+        ev = s.pending_events()
+        done = next(e for e in ev if e["type"] == "response.done")["response"]
+        assert done["status"] == "cancelled"
+        assert done["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
+        item = s.conversation.items[-1]
+        assert item.role == "assistant" and item.audio_ms == 200
+        assert item.status == "incomplete"
+        assert len(s.metrics["barge_in_to_silence_ms"]) == 1
+        await s.close()
+
+    run(body())
+
+
+def test_response_cancel_and_errors_clients_special_case() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=40, gap_s=0.01)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        with pytest.raises(ProtocolError) as e:
+            await s.handle({"type": "response.create"})
+        assert e.value.code == "conversation_already_has_active_response"
+        await s.handle({"type": "response.cancel"})
+        assert s.active_response is None and len(coord.aborted) == 1
+        done = [e for e in s.pending_events() if e["type"] == "response.done"][-1]
+        assert done["response"]["status_details"]["reason"] == "client_cancelled"
+        with pytest.raises(ProtocolError) as e:
+            await s.handle({"type": "response.cancel"})
+        assert e.value.code == "response_cancel_not_active"
+        await s.close()
+
+    run(body())
+
+
+def test_truncate_and_bad_events() -> None:
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=4))
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None, read=24000)
+        item = s.conversation.items[-1]
+        with pytest.raises(ProtocolError):  # past the audio
+            await s.handle(
+                {
+                    "type": "conversation.item.truncate",
+                    "item_id": item.id,
+                    "content_index": 0,
+                    "audio_end_ms": 10_000,
+                }
+            )
+        await s.handle(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item.id,
+                "content_index": 0,
+                "audio_end_ms": 300,
+            }
+        )
+        assert item.audio_ms == 300 and item.transcript == "w1 "
+        assert types(s)[-1] == "conversation.item.truncated"
+        for bad in [
+            {"type": "nope"},
+            {"no": "type"},
+            [],
+            {"type": "input_audio_buffer.append", "audio": "%%%"},
+            {"type": "input_audio_buffer.commit"},
+            {"type": "conversation.item.create", "item": {"role": "robot"}},
+        ]:
+            with pytest.raises(ProtocolError):
+                await s.handle(bad)
+        await s.close()
+
+    run(body())

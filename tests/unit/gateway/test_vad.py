@@ -1,0 +1,50 @@
+import numpy as np
+
+from realtime_omni.gateway.vad import ServerVad, SpeechStarted, SpeechStopped, VadParams, Windower
+
+
+def run(vad: ServerVad, probs: list[float]) -> list[tuple[int, object]]:
+    return [(i, ev) for i, p in enumerate(probs) if (ev := vad.feed(p)) is not None]
+
+
+def test_start_with_prefix_padding_and_stop_after_silence() -> None:
+    vad = ServerVad(VadParams(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500))
+    probs = [0.0] * 20 + [0.9] * 30 + [0.0] * 20  # speech from window 20 (640 ms)
+    events = run(vad, probs)
+    assert events[0] == (20, SpeechStarted(audio_start_ms=340, detected_ms=672))
+    # silence begins at window 50 (1600 ms); 500 ms later is window 65's end (2112 ms)
+    i, ev = events[1]
+    assert isinstance(ev, SpeechStopped) and ev.audio_end_ms == 2112 and i == 65
+    assert len(events) == 2
+
+
+def test_short_pause_does_not_end_the_turn() -> None:
+    vad = ServerVad(VadParams(silence_duration_ms=500))
+    probs = [0.9] * 10 + [0.0] * 10 + [0.9] * 10 + [0.0] * 20  # 320 ms pause < 500 ms
+    kinds = [type(ev).__name__ for _, ev in run(vad, probs)]
+    assert kinds == ["SpeechStarted", "SpeechStopped"]
+
+
+def test_hysteresis_band_neither_starts_nor_ends_silence() -> None:
+    vad = ServerVad(VadParams(threshold=0.5, silence_duration_ms=96))
+    assert run(vad, [0.4] * 10) == []  # below threshold: no start
+    assert isinstance(vad.feed(0.6), SpeechStarted)
+    assert run(vad, [0.4] * 50) == []  # in the band (0.35..0.5): speech goes on
+    events = run(vad, [0.1] * 3)
+    assert [type(e).__name__ for _, e in events] == ["SpeechStopped"]
+
+
+def test_prefix_padding_clamps_at_zero_and_reset_forgets_the_turn() -> None:
+    vad = ServerVad()
+    ev = vad.feed(1.0)
+    assert ev == SpeechStarted(0, 32)
+    vad.reset()
+    assert not vad.speaking and vad.elapsed_ms == 32
+
+
+def test_windower_cuts_any_chunks_into_512_sample_windows() -> None:
+    w = Windower()
+    x = np.arange(2000, dtype=np.float32)
+    out = w.push(x[:700]) + w.push(x[700:1100]) + w.push(x[1100:])
+    assert [len(a) for a in out] == [512, 512, 512]
+    np.testing.assert_array_equal(np.concatenate(out), x[:1536])
