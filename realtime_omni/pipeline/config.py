@@ -64,6 +64,14 @@ class EdgeConfig(_Strict):
     dst: str
     transport: Transport = "auto"
     slots: int | None = Field(default=None, ge=1, le=4096, description="In-flight payloads.")
+    request_slots: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="In-flight payloads of one request; default a quarter of `slots` (at "
+        "least 1). So one request whose consumer falls behind takes only its share of the edge "
+        "and the others flow on, and a stream runs at most this far ahead of its consumer.",
+    )
     slot_bytes: int | None = Field(default=None, ge=64, description="Largest payload, bytes.")
 
 

@@ -13,6 +13,11 @@ Lifecycle of a request in one stage:
 
 Arrays in `inputs` and `item` are read-only views valid only during the call: copy what you keep.
 An `Emit` with `done=True` is the request's last here: its streams close and its state is gone.
+
+Optional: `hold(rid, held)`. While a request is held (its outputs wait for credit downstream,
+e.g. a listener who is far behind), `has_work` and `step` must ignore it; the runtime lifts the
+hold when its outputs flow again. An executor without `hold` makes the stage stop stepping
+altogether while any of its requests waits, so one slow request stalls the others there.
 """
 
 from __future__ import annotations
@@ -58,6 +63,27 @@ class Executor(Protocol):
     def step(self) -> list[Emit]: ...
 
     def abort(self, request_id: str) -> None: ...
+
+
+class HoldsRequests:
+    """`hold` for an executor that keeps its requests in `self.reqs`: iterate `self.running()`
+    in `has_work` and `step`, and held requests are left alone."""
+
+    reqs: dict[str, Any]
+
+    def hold(self, request_id: str, held: bool) -> None:
+        holding: set[str] = self.__dict__.setdefault("_held", set())
+        if held:
+            holding.add(request_id)
+        else:
+            holding.discard(request_id)
+
+    def running(self) -> dict[str, Any]:
+        holding = self.__dict__.get("_held")
+        if not holding:
+            return self.reqs
+        holding.intersection_update(self.reqs)  # forget finished and aborted requests
+        return {rid: r for rid, r in self.reqs.items() if rid not in holding}
 
 
 class ExecutorError(RequestError):

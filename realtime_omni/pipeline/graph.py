@@ -20,6 +20,7 @@ class Edge:
     transport: str  # reference | inline | shm | cuda_ipc | tcp
     slots: int  # credits: payloads in flight on this edge at most
     slot_bytes: int  # largest payload; shm and cuda_ipc slots are this big
+    request_slots: int = 0  # payloads of one request in flight at most (0: no cap)
 
     @property
     def key(self) -> str:
@@ -79,6 +80,7 @@ class Graph:
         self.edges: list[Edge] = []
         for src, dst, kind in pairs:
             o = overrides.get((src, dst))
+            slots = o.slots if o and o.slots else rt.default_slots
             transport = o.transport if o else "auto"
             if transport == "auto":
                 transport = self._auto_transport(src, dst)
@@ -93,8 +95,11 @@ class Graph:
                     dst=dst,
                     kind=kind,
                     transport=transport,
-                    slots=(o.slots if o and o.slots else rt.default_slots),
+                    slots=slots,
                     slot_bytes=(o.slot_bytes if o and o.slot_bytes else rt.default_slot_bytes),
+                    request_slots=(
+                        o.request_slots if o and o.request_slots else max(1, slots // 4)
+                    ),
                 )
             )
         self.out_edges: dict[str, list[Edge]] = {n: [] for n in [*cfg.stages, CLIENT]}

@@ -106,6 +106,11 @@ class Outlet:
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
 
     def acquire(self, request_id: str, peer: str) -> int | None:
+        """A slot for one payload of `request_id`, or None: none free, or the request already
+        has `edge.request_slots` in flight."""
+        cap = self.edge.request_slots
+        if cap and self.pool.held(request_id) >= cap:
+            return None
         return self.pool.acquire(request_id, peer)
 
     def pack(

@@ -48,6 +48,7 @@ class _Req:
     inputs: list[float] = field(default_factory=list)  # token_time of each input item
     ended: bool = False
     first_done: bool = False
+    held: bool = False  # its outputs wait for credit: make nothing for it
 
 
 class SimulatedExecutor:
@@ -91,6 +92,10 @@ class SimulatedExecutor:
     def abort(self, request_id: str) -> None:
         self.reqs.pop(request_id, None)
 
+    def hold(self, request_id: str, held: bool) -> None:
+        if request_id in self.reqs:
+            self.reqs[request_id].held = held
+
     def has_work(self) -> bool:
         return any(self._due(r) for r in self.reqs.values())
 
@@ -113,6 +118,8 @@ class SimulatedExecutor:
 
     def _due(self, r: _Req) -> int:
         """How many input items the next output of this request consumes (0: nothing to do)."""
+        if r.held:
+            return 0
         if self.serial and not r.ended and self.role in ("follow", "chunk"):
             return 0
         if self.role == "transform":

@@ -42,6 +42,8 @@ class Stage:
         self.failures: list[tuple[str, str]] = []  # (request_id, message); the worker drains it
         self.stepping = False
         self._abort_after_step: set[str] = set()
+        self.can_hold = callable(getattr(executor, "hold", None))
+        self.held: set[str] = set()
 
     @property
     def active(self) -> int:
@@ -121,6 +123,16 @@ class Stage:
             return []
         return [e for e in emits if e.request_id not in self.closed]
 
+    def set_held(self, rids: set[str]) -> None:
+        """Hold exactly these requests in the executor (their outputs wait for credit)."""
+        for rid in rids - self.held:
+            if rid in self.started:
+                self.executor.hold(rid, True)  # type: ignore[attr-defined]
+        for rid in self.held - rids:
+            if rid in self.started:
+                self.executor.hold(rid, False)  # type: ignore[attr-defined]
+        self.held = {r for r in rids if r in self.started}
+
     def finish(self, rid: str) -> None:
         """The executor emitted `done` for rid."""
         self.started.discard(rid)
@@ -133,6 +145,7 @@ class Stage:
                 rel()
             for _, _, rel in p.items:
                 rel()
+        self.held.discard(rid)
         if rid in self.started:
             self.started.discard(rid)
             if self.stepping:

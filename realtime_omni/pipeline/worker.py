@@ -117,15 +117,16 @@ class Worker:
 
         self.stages: dict[str, Stage] = {}
         self.outlets: dict[tuple[str, str], Outlet] = {}
-        # What a stage emitted and could not send yet for want of credit. Bounded by one step's
-        # emits: a stage with a non-empty outbox is not stepped again.
-        self.outbox: dict[str, deque[_Out]] = {}
+        # What a stage emitted and could not send yet for want of credit, per request. A request
+        # with pending outputs is held: its executor makes nothing more for it and its inputs
+        # wait (see `_work`), so each queue is bounded by one step's emits.
+        self.outbox: dict[str, dict[str, deque[_Out]]] = {}
         self.step_log: dict[str, deque[tuple[float, float]]] = {}  # recent steps, for Stats
         self.routes: dict[str, dict[str, int]] = {}
         self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
-        # Deliveries waiting for their stage. A stage takes nothing in while its outbox is
-        # blocked, so its inputs stay unacknowledged and the upstream senders run out of
-        # credit: backpressure. Bounded by the credits of the stage's input edges.
+        # Deliveries waiting for their stage. A held request takes nothing in, so its inputs
+        # stay unacknowledged and its senders upstream run out of credit for it: backpressure.
+        # Bounded by the credits of the stage's input edges.
         self.inbound: dict[str, deque[_In]] = {}
         rt = self.cfg.runtime
         for name in self.group.stages:
@@ -141,7 +142,7 @@ class Worker:
             self.stages[name] = Stage(
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]
             )
-            self.outbox[name] = deque()
+            self.outbox[name] = {}
             self.inbound[name] = deque()
             self.step_log[name] = deque(maxlen=STEP_LOG)
             for e in self.graph.out_edges[name]:
@@ -269,23 +270,44 @@ class Worker:
         return bool(batch)
 
     def _work(self) -> bool:
+        """Flush, deliver and step every stage. A request whose outputs wait for credit is held
+        in its stage; an executor that cannot hold requests (no `hold` method) is not stepped at
+        all while any of its requests waits, and takes nothing in."""
         busy = False
         for name, stage in self.stages.items():
             self._flush(name)
-            busy |= self._deliver(name)
-            if not self.outbox[name] and stage.executor.has_work():
+            held = set(self.outbox[name])
+            if stage.can_hold:
+                stage.set_held(held)
+            busy |= self._deliver(name, held)
+            if (stage.can_hold or not held) and stage.executor.has_work():
                 busy = True
                 for emit in self._step(stage):
                     self._route(name, emit)
                 self._flush(name)
             self._report_failures(stage)
-        return busy or any(self.inbound[n] and not self.outbox[n] for n in self.stages)
+        return busy or any(self._deliverable(n) for n in self.stages)
 
-    def _deliver(self, name: str) -> bool:
-        stage, box, outbox = self.stages[name], self.inbound[name], self.outbox[name]
-        delivered = bool(box) and not outbox
-        while box and not outbox:
+    def _deliverable(self, name: str) -> bool:
+        held = self.outbox[name]
+        if not held:
+            return bool(self.inbound[name])
+        return self.stages[name].can_hold and any(
+            i.request_id not in held for i in self.inbound[name]
+        )
+
+    def _deliver(self, name: str, held: set[str]) -> bool:
+        stage, box = self.stages[name], self.inbound[name]
+        if not box or (held and not stage.can_hold):
+            return False
+        waiting: deque[_In] = deque()
+        delivered = False
+        while box:
             item = box.popleft()
+            if item.request_id in held:
+                waiting.append(item)  # stays unacknowledged until the request flows again
+                continue
+            delivered = True
             if item.kind == "end":
                 stage.on_end(item.request_id, item.src)
                 continue
@@ -299,6 +321,7 @@ class Worker:
                     continue
             stage.on_data(item.request_id, item.src, payload or {}, item.release, item.once)
             self._report_failures(stage)
+        box.extend(waiting)
         return delivered
 
     # ---- inbound -----------------------------------------------------------------------
@@ -348,7 +371,7 @@ class Worker:
     # ---- outbound ----------------------------------------------------------------------
 
     def _route(self, stage: str, emit: Emit) -> None:
-        box = self.outbox[stage]
+        box = self.outbox[stage].setdefault(emit.request_id, deque())
         if emit.data is not None:
             for e in self.graph.out_edges[stage]:
                 if emit.to is None or emit.to == e.dst:
@@ -360,8 +383,17 @@ class Worker:
             box.append(_Out("done", emit.request_id))
 
     def _flush(self, stage: str) -> None:
-        """Send what credits allow, in order; stop at the first payload with no free slot."""
-        box = self.outbox[stage]
+        """Send what credits allow, each request's outputs in order."""
+        boxes = self.outbox[stage]
+        for rid in list(boxes):
+            box = boxes.get(rid)
+            if box is not None:
+                self._flush_request(stage, box)
+                if not box:
+                    boxes.pop(rid, None)
+
+    def _flush_request(self, stage: str, box: deque[_Out]) -> None:
+        """Send one request's outputs until one finds no credit (it then waits for an ack)."""
         while box:
             out = box[0]
             rid = out.request_id
@@ -433,11 +465,8 @@ class Worker:
         self._forget_route(rid)
 
     def _drop_outbox(self, rid: str) -> None:
-        for box in self.outbox.values():
-            keep = [o for o in box if o.request_id != rid]
-            if len(keep) != len(box):
-                box.clear()
-                box.extend(keep)
+        for boxes in self.outbox.values():
+            boxes.pop(rid, None)
         for box in self.inbound.values():
             for item in [i for i in box if i.request_id == rid]:
                 box.remove(item)

@@ -74,11 +74,20 @@ def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:
             await asyncio.sleep(timeout(1.0))  # read nothing: everything upstream must stall
             rss_before = sum(p.memory_info().rss for p in procs)
             stats = await coord.stats()
-            # The client edge is full, code2wav holds its inputs unacknowledged, and so on up.
-            assert stats["code2wav#0"].free_slots["code2wav->client"] == 0
-            assert stats["talker_ar#0"].free_slots["talker_ar->code2wav"] == 0
-            assert min(stats["thinker#0"].free_slots.values()) == 0  # blocked on one of its edges
-            assert stream._queue.qsize() <= 32 + 64  # the two terminal edges' credits
+
+            # The request holds its share of the client edge, code2wav holds its inputs
+            # unacknowledged (its share of the talker's edge), and so on up.
+            def held(proc: str, src: str, dst: str) -> int:
+                e = coord.graph.edge(src, dst)
+                assert stats[proc].free_slots[e.key] == e.slots - e.request_slots
+                return e.request_slots
+
+            to_client = held("code2wav#0", "code2wav", "client")
+            held("talker_ar#0", "talker_ar", "code2wav")
+            thinker = stats["thinker#0"]
+            assert any(thinker.free_slots[k] < thinker.total_slots[k] for k in thinker.free_slots)
+            text_to_client = coord.graph.edge("decode", "client").request_slots
+            assert stream._queue.qsize() <= to_client + text_to_client
             await asyncio.sleep(timeout(1.0))
             stats2 = await coord.stats()
             assert stats2["thinker#0"].free_slots == stats["thinker#0"].free_slots
@@ -88,6 +97,31 @@ def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:
             async for _ in stream:  # now drain it: the request completes
                 count += 1
             assert count == 400 + 1 + (800 - 1 + 3) // 4
+            await all_slots_free(coord)
+
+    run(body())
+
+
+def test_a_request_nobody_reads_does_not_stall_the_others() -> None:
+    cfg = simulated_config(FAST)
+    cfg["edges"] = [
+        {**e, "request_slots": 2} if e["dst"] in ("client", "code2wav") else e for e in cfg["edges"]
+    ]
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            stalled = await coord.submit({"max_tokens": 300})
+            await stalled.__anext__()
+            await asyncio.sleep(timeout(0.5))  # it fills its share of the edges and is held
+            stats = await coord.stats()
+            assert stats["code2wav#0"].free_slots["code2wav->client"] == 32 - 2
+            others = [await coord.submit({"max_tokens": 12}) for _ in range(3)]
+            for s in others:
+                check_complete(await asyncio.wait_for(s.collect(), timeout(20)), 12)
+            stats = await coord.stats()  # the stalled request still holds only its share
+            assert stats["code2wav#0"].free_slots["code2wav->client"] == 32 - 2
+            assert stats["talker_ar#0"].free_slots["talker_ar->code2wav"] == 64 - 2
+            await coord.abort(stalled.request_id)
             await all_slots_free(coord)
 
     run(body())

@@ -25,7 +25,7 @@ import torch
 
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
-from realtime_omni.pipeline.executor import Emit, StageContext
+from realtime_omni.pipeline.executor import Emit, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
 SAMPLE_RATE_HZ = 24000  # in no config: 1920 samples per 80 ms frame
@@ -68,7 +68,7 @@ class _Request:
     ended: bool = False
 
 
-class Code2WavExecutor:
+class Code2WavExecutor(HoldsRequests):
     def __init__(self, ctx: StageContext) -> None:
         self.device = setup_torch(ctx.device)
         d = model_dir(ctx.model)
@@ -104,12 +104,11 @@ class Code2WavExecutor:
         self.reqs[request_id].ended = True
 
     def has_work(self) -> bool:
-        return any(self._due(r) is not None or r.ended for r in self.reqs.values())
+        return any(self._due(r) is not None or r.ended for r in self.running().values())
 
     def step(self) -> list[Emit]:
         emits: list[Emit] = []
-        for rid in list(self.reqs):
-            r = self.reqs[rid]
+        for rid, r in list(self.running().items()):
             end = self._due(r)
             if end is not None:
                 emits.append(self._chunk(rid, r, end))

@@ -14,7 +14,7 @@ from typing import Any
 
 from realtime_omni.models.qwen3_omni.detok import IncrementalDetokenizer
 from realtime_omni.models.qwen3_omni.weights import model_dir
-from realtime_omni.pipeline.executor import Emit, StageContext
+from realtime_omni.pipeline.executor import Emit, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
 
@@ -26,7 +26,7 @@ class _Request:
     ended: bool = False
 
 
-class DecodeExecutor:
+class DecodeExecutor(HoldsRequests):
     def __init__(self, ctx: StageContext) -> None:
         from transformers import AutoTokenizer
 
@@ -49,12 +49,11 @@ class DecodeExecutor:
         self.reqs[request_id].ended = True
 
     def has_work(self) -> bool:
-        return any(r.items or r.ended for r in self.reqs.values())
+        return any(r.items or r.ended for r in self.running().values())
 
     def step(self) -> list[Emit]:
         emits: list[Emit] = []
-        for rid in list(self.reqs):
-            r = self.reqs[rid]
+        for rid, r in list(self.running().items()):
             done = r.ended
             while r.items:
                 item = r.items.popleft()

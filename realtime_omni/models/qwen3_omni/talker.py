@@ -32,7 +32,7 @@ from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positio
 from realtime_omni.models.qwen3_omni.sampling import Sampler
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch, to_numpy, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir, read_rows
-from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
+from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
 
@@ -66,7 +66,7 @@ class _Request:
     past_hidden: torch.Tensor | None = None
 
 
-class TalkerExecutor:
+class TalkerExecutor(HoldsRequests):
     def __init__(self, ctx: StageContext) -> None:
         self.device = setup_torch(ctx.device)
         d = model_dir(ctx.model)
@@ -149,12 +149,12 @@ class TalkerExecutor:
         self.reqs[request_id].thinker_done = True
 
     def has_work(self) -> bool:
-        return any(self._ready(r) for r in self.reqs.values())
+        return any(self._ready(r) for r in self.running().values())
 
     def step(self) -> list[Emit]:
         """One frame for every request whose next text step is available."""
         emits: list[Emit] = []
-        for rid in [rid for rid, r in self.reqs.items() if self._ready(r)]:
+        for rid in [rid for rid, r in self.running().items() if self._ready(r)]:
             emits += self._frame(rid)
         return emits
 

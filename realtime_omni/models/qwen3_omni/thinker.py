@@ -35,7 +35,7 @@ from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positi
 from realtime_omni.models.qwen3_omni.sampling import Sampler
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch, to_numpy, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
-from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
+from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
 
@@ -55,7 +55,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
 
 
-class ThinkerExecutor:
+class ThinkerExecutor(HoldsRequests):
     def __init__(self, ctx: StageContext) -> None:
         self.device = setup_torch(ctx.device)
         d = model_dir(ctx.model)
@@ -110,15 +110,16 @@ class ThinkerExecutor:
         pass
 
     def has_work(self) -> bool:
-        return bool(self.reqs)
+        return bool(self.running())
 
     def step(self) -> list[Emit]:
         """Prefill one new request, or else decode one token of every running request."""
-        fresh = next((rid for rid, r in self.reqs.items() if r.cache is None), None)
+        running = self.running()
+        fresh = next((rid for rid, r in running.items() if r.cache is None), None)
         if fresh is not None:
             return self._prefill(fresh)
         emits: list[Emit] = []
-        for rid in list(self.reqs):
+        for rid in list(running):
             emits += self._decode(rid)
         return emits
 
