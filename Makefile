@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 
 .PHONY: install test lint serve bench clean
 
-CONFIG ?= configs/simulated-qwen3-omni.yaml
+CONFIG ?= configs/tiny.yaml
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
 import time
 
-from realtime_omni.errors import OmniError
+from realtime_omni.errors import ConfigError, OmniError
 from realtime_omni.pipeline.config import load_config
 from realtime_omni.pipeline.graph import Graph
 
-DEFAULT_SERVE_CONFIG = "configs/simulated-qwen3-omni.yaml"
+DEFAULT_SERVE_CONFIG = "configs/tiny.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-sessions", type=int, default=16)
     serve.add_argument(
         "--max-lead-ms", type=float, default=2000.0, help="audio made ahead of playout"
+    )
+    serve.add_argument(
+        "--ice-servers",
+        default="[]",
+        help='WebRTC STUN/TURN servers as JSON: [{"urls": "turn:host:3478", "username": "u", '
+        '"credential": "p"}]; none by default (host candidates: loopback and LAN calls)',
+    )
+    serve.add_argument(
+        "--ice-host-address",
+        action="append",
+        help="offer only this address as a WebRTC host candidate (repeatable; e.g. 127.0.0.1)",
     )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
@@ -67,7 +79,16 @@ def _serve(args: argparse.Namespace) -> int:
     from realtime_omni.gateway.app import GatewayConfig, serve
 
     cfg = load_config(args.config)
-    gw = GatewayConfig(max_sessions=args.max_sessions, max_lead_ms=args.max_lead_ms)
+    try:
+        ice_servers = json.loads(args.ice_servers)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--ice-servers = {args.ice_servers!r} is not JSON: {e}") from None
+    gw = GatewayConfig(
+        max_sessions=args.max_sessions,
+        max_lead_ms=args.max_lead_ms,
+        ice_servers=ice_servers if isinstance(ice_servers, list) else [ice_servers],
+        ice_host_addresses=args.ice_host_address,
+    )
     asyncio.run(serve(cfg, args.host, args.port, gw))
     return 0
 
