@@ -86,3 +86,15 @@ def test_late_ack_after_reclaim_is_ignored() -> None:
 def test_needs_a_slot(n: int) -> None:
     with pytest.raises(ValueError, match="at least one slot"):
         SlotPool(n)
+
+
+def test_an_edge_lends_one_request_only_its_share() -> None:
+    from realtime_omni.pipeline.graph import Edge
+    from realtime_omni.pipeline.relay import Outlet
+
+    out = Outlet(Edge("a", "b", "stream", "inline", 8, 1024, request_slots=2), "a#0", 0, 1, 0)
+    got = [out.acquire("slow", "b#0") for _ in range(3)]
+    assert got[2] is None and None not in got[:2]  # its share is 2 of the 8
+    assert out.acquire("other", "b#0") is not None  # the others still get credit
+    out.pool.release(got[0])
+    assert out.acquire("slow", "b#0") is not None

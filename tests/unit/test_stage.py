@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from realtime_omni.pipeline.executor import Emit, ExecutorError
+from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests
 from realtime_omni.pipeline.stage import Stage
 
 
@@ -355,3 +355,72 @@ def test_a_repeated_once_payload_before_start_is_still_released(
     stage.on_data("r1", "a", {"n": 2}, rel("a2"), once=True)  # an executor emitting twice
     stage.on_data("r1", "b", {}, rel("b"), once=True)
     rel.assert_each_once("a1", "a2", "b")
+
+
+class HoldingExecutor(HoldsRequests):
+    """Works on every request it has and is not holding; records who each step served."""
+
+    def __init__(self) -> None:
+        self.reqs: dict[str, int] = {}
+        self.served: list[list[str]] = []
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id: str, inputs: dict[str, Any]) -> None:
+        self.reqs[request_id] = 0
+
+    def add_item(self, request_id: str, src: str, item: dict[str, Any]) -> None:
+        pass
+
+    def end_stream(self, request_id: str, src: str) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return bool(self.running())
+
+    def step(self) -> list[Emit]:
+        self.served.append(sorted(self.running()))
+        return [Emit(rid, {"n": 1}) for rid in self.running()]
+
+    def abort(self, request_id: str) -> None:
+        self.reqs.pop(request_id, None)
+        self.aborted.append(request_id)
+
+
+def test_held_requests_are_left_alone_until_released() -> None:
+    ex = HoldingExecutor()
+    stage = Stage("s", ex, ())
+    assert stage.can_hold and not Stage("t", FakeExecutor([]), ()).can_hold
+    for rid in ("a", "b"):
+        stage.on_data(rid, "up", {}, lambda: None, once=True)
+    stage.set_held({"a", "unknown"})  # only started requests can be held
+    assert stage.held == {"a"}
+    assert [e.request_id for e in stage.step()] == ["b"]
+    stage.set_held({"a", "b"})
+    assert not ex.has_work()
+    stage.set_held(set())
+    assert [e.request_id for e in stage.step()] == ["a", "b"]
+    assert ex.served == [["b"], ["a", "b"]]
+
+
+def test_aborting_a_held_request_forgets_the_hold() -> None:
+    ex = HoldingExecutor()
+    stage = Stage("s", ex, ())
+    stage.on_data("a", "up", {}, lambda: None, once=True)
+    stage.set_held({"a"})
+    stage.abort("a")
+    assert stage.held == set() and ex.aborted == ["a"]
+    assert ex.running() == {}  # the executor's hold went with the request
+
+
+def test_an_abort_during_a_step_waits_for_the_step_and_drops_its_outputs() -> None:
+    ex = HoldingExecutor()
+    stage = Stage("s", ex, ())
+    for rid in ("a", "b"):
+        stage.on_data(rid, "up", {}, lambda: None, once=True)
+    stage.begin_step()
+    emits = ex.step()  # the model call, while another thread aborts `a`
+    stage.abort("a")
+    assert ex.aborted == []  # not during the step
+    out = stage.end_step(emits, None)
+    assert ex.aborted == ["a"]
+    assert [e.request_id for e in out] == ["b"]
