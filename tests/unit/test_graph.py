@@ -178,3 +178,16 @@ def test_tcp_endpoints_with_hosts(tmp_path: Path) -> None:
     assert g.endpoint("a#0", 0, tmp_path) == "tcp://10.0.0.9:50001"
     assert g.endpoint("a#1", 5, tmp_path) == "tcp://10.0.0.9:50002"
     assert g.endpoint("b#0", 0, tmp_path) == "tcp://10.0.0.1:50003"
+
+
+def test_request_slots_default_to_a_quarter_of_the_edge() -> None:
+    g = graph(
+        {"a": st(stream_to=["b"]), "b": st(terminal=True)},
+        edges=[
+            {"src": "a", "dst": "b", "slots": 64},
+            {"src": "b", "dst": "client", "slots": 2, "request_slots": 2},
+        ],
+    )
+    assert g.edge("a", "b").request_slots == 16
+    assert g.edge("b", "client").request_slots == 2
+    assert g.edge("client", "a").request_slots == 2  # 8 default slots
