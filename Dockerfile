@@ -1,0 +1,29 @@
+# realtime-omni: the gateway and every stage process in one image.
+#   docker build -t realtime-omni .
+#   docker run --rm -p 8000:8000 --shm-size 2g realtime-omni          # the tiny CPU model
+# GPUs: see docker-compose.yml (profile `gpu`) and docs/deployment.md.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1
+
+# libgomp: torch's OpenMP runtime; libopus/libvpx/libsrtp come with the av and aiortc wheels.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY realtime_omni ./realtime_omni
+COPY configs ./configs
+COPY web ./web
+# Editable: the package finds configs/ and its .cache/ (the tiny model) beside it in /app.
+RUN pip install -e .
+
+# The tiny model is built here once, so a container starts without building it.
+RUN python -c "from realtime_omni.models.qwen3_omni.tiny import ensure_tiny; ensure_tiny(0)"
+
+EXPOSE 8000
+# 0.0.0.0 inside the container: the port mapping decides who can reach it.
+CMD ["realtime-omni", "serve", "--config", "configs/tiny.yaml", "--host", "0.0.0.0", "--port", "8000"]
