@@ -17,8 +17,10 @@ then emits everything as one chunk): the serial baseline, as `generate()` runs t
 end, then the talker, then one vocoder pass.
 
 `outputs` maps a downstream stage (or `"*"`) to the arrays it gets: `{name: [dtype, shape]}`,
-where a shape entry "n" stands for the items in the chunk. Every output carries `token_time`
-(the monotonic time of the generated item it derives from) and `index`. A step serves every
+where a shape entry "n" stands for the items in the chunk; float arrays hold a quiet 220 Hz tone
+(at 24 kHz), others ones. Every output carries `token_time` (the monotonic time of the generated
+item it derives from) and `index`; generated items carry a made-up word as `text`, which chunks
+pass on joined. A step serves every
 active request at once, as a batched GPU step would; time passes in `time.sleep`, so a
 simulated stage does not load the CPU.
 """
@@ -38,6 +40,22 @@ from realtime_omni.pipeline.relay import dtype_of
 
 Payload = dict[str, Any]
 ROLES = ("transform", "generate", "follow", "chunk")
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "simulated",
+    "stages",
+    "keep",
+    "time",
+]
 
 
 @dataclass
@@ -46,6 +64,7 @@ class _Req:
     total: int | None = None  # items to make (generate), known at start
     made: int = 0
     inputs: list[float] = field(default_factory=list)  # token_time of each input item
+    texts: list[str] = field(default_factory=list)  # the `text` of each input item, if any
     ended: bool = False
     first_done: bool = False
     held: bool = False  # its outputs wait for credit: make nothing for it
@@ -84,7 +103,9 @@ class SimulatedExecutor:
         self.reqs[request_id] = _Req(meta=meta, total=total)
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
-        self.reqs[request_id].inputs.append(float(item.get("token_time", time.monotonic())))
+        r = self.reqs[request_id]
+        r.inputs.append(float(item.get("token_time", time.monotonic())))
+        r.texts.append(str(item.get("text", "")))
 
     def end_stream(self, request_id: str, src: str) -> None:
         self.reqs[request_id].ended = True
@@ -156,7 +177,12 @@ class SimulatedExecutor:
             if not r.total:
                 del self.reqs[rid]
                 return [Emit(rid, done=True)]
-            meta = {"token_time": time.monotonic(), "index": r.made, "token_id": r.made % 1000}
+            meta = {
+                "token_time": time.monotonic(),
+                "index": r.made,
+                "token_id": r.made % 1000,
+                "text": f"{WORDS[r.made % len(WORDS)]} ",
+            }
             r.made += 1
             out = self._emits(rid, meta, 1)
             if r.made >= r.total:
@@ -179,7 +205,8 @@ class SimulatedExecutor:
         n = min(n, len(r.inputs) - start)
         out = []
         if n > 0:
-            meta = {"token_time": r.inputs[start], "index": r.made, "items": n}
+            text = "".join(r.texts[start : start + n])
+            meta = {"token_time": r.inputs[start], "index": r.made, "items": n, "text": text}
             r.made += 1
             out = self._emits(rid, meta, n)
         if r.ended and self._consumed(r) >= len(r.inputs):
@@ -203,7 +230,12 @@ class SimulatedExecutor:
         if a is None:
             if len(self._arrays) > 64:  # chunk sizes vary only a little; keep the cache small
                 self._arrays.clear()
-            a = np.ones(shape, dtype=dtype_of(dtype))
+            dt = dtype_of(dtype)
+            if np.issubdtype(dt, np.floating):  # audible: a quiet 220 Hz tone at 24 kHz
+                tone = 0.1 * np.sin(np.arange(math.prod(shape)) * (2 * np.pi * 220 / 24000))
+                a = tone.astype(dt).reshape(shape)
+            else:
+                a = np.ones(shape, dtype=dt)
             a.flags.writeable = False
             self._arrays[key] = a
         return a
