@@ -4,9 +4,11 @@
                                                          # the Coordinator and stops it
     await serve(pipeline_config, host, port)             # what `realtime-omni serve` runs
 
-Routes: `GET /` the demo page (`web/index.html`, when present), `GET /healthz`, `GET /v1/metrics`
-(latency p50/p99 in ms: token_to_audio, first_audio, barge_in_to_silence, abort), and the OpenAI
-Realtime WebSocket at `/v1/realtime`.
+Routes: `GET /` the demo page (`web/index.html`, when present; its other files under `/static/`),
+`GET /healthz`, `GET /v1/metrics` (latency p50/p99 in ms: token_to_audio, first_audio,
+barge_in_to_silence, abort), and the OpenAI Realtime WebSocket at `/v1/realtime`.
+WebRTC (`webrtc.py`): `POST /v1/webrtc/offer`, WHIP at `POST /v1/whip` and
+`DELETE /v1/whip/<session_id>`; `GET /v1/stats`: the pipeline's bookkeeping and frame counters.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +26,14 @@ import numpy as np
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 
 from realtime_omni.gateway.protocol import Settings
 from realtime_omni.gateway.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.session import Session, VadModel
+from realtime_omni.gateway.webrtc import WebRtcCalls
+from realtime_omni.gateway.webrtc import routes as webrtc_routes
 from realtime_omni.pipeline.config import EdgeConfig, PipelineConfig
 from realtime_omni.pipeline.messages import CLIENT
 
@@ -45,6 +50,13 @@ class GatewayConfig:
     entry_slot_bytes: int = 4 << 20  # a turn's payload limit (conversation audio and images),
     # used when the pipeline config sets no `client -> entry` edge of its own
     vad: bool = True  # load silero-vad; off only for tests without torch
+    # WebRTC. STUN/TURN servers for the calls' ICE, in the browser's RTCIceServer shape:
+    # [{"urls": "turn:turn.example.com:3478", "username": "u", "credential": "p"}]. Empty: host
+    # candidates only, enough for loopback and LAN calls (aiortc's default public STUN is not used).
+    ice_servers: list[dict[str, Any]] = field(default_factory=list)
+    # Addresses offered as ICE host candidates. None: every interface's, plus 127.0.0.1 (which
+    # aioice leaves out, so a loopback-only machine could not call). ["127.0.0.1"]: loopback only.
+    ice_host_addresses: list[str] | None = None
 
 
 def _silero() -> VadModel:
@@ -136,10 +148,36 @@ async def _metrics(request: Request) -> Response:
     return JSONResponse(request.app.state.gateway.summary())
 
 
+async def _stats(request: Request) -> Response:
+    """Requests in flight, free and total slots per edge and requests held per stage (summed over
+    the stage processes), and the WebRTC calls' output frame counters: for tests and monitoring."""
+    gw: Gateway = request.app.state.gateway
+    free: dict[str, int] = {}
+    total: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for st in (await gw.coord.stats()).values():
+        for out, got in ((free, st.free_slots), (total, st.total_slots)):
+            for k, v in got.items():
+                out[k] = out.get(k, 0) + v
+        for k, v in st.active_requests.items():
+            held[k] = held.get(k, 0) + v
+    return JSONResponse(
+        {
+            "sessions": len(gw.sessions),
+            "in_flight": gw.coord.in_flight,
+            "free_slots": free,
+            "total_slots": total,
+            "active_requests": held,
+            "webrtc": request.app.state.webrtc.stats(),
+        }
+    )
+
+
 def create_app(
     pipeline: PipelineConfig, config: GatewayConfig | None = None, coordinator: Any = None
 ) -> Starlette:
     gw = Gateway(pipeline, config, coordinator)
+    calls = WebRtcCalls(gw)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -147,6 +185,7 @@ def create_app(
         try:
             yield
         finally:
+            await calls.close()
             await gw.close()
 
     app = Starlette(
@@ -154,11 +193,16 @@ def create_app(
             Route("/", _index),
             Route("/healthz", _health),
             Route("/v1/metrics", _metrics),
+            Route("/v1/stats", _stats),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
+            *webrtc_routes(),
+            # The demo page's scripts and styles (web/); check_dir: the app runs without them.
+            Mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static"),
         ],
         lifespan=lifespan,
     )
     app.state.gateway = gw
+    app.state.webrtc = calls
     return app
 
 

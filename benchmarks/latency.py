@@ -1,0 +1,329 @@
+"""Gateway latency over a WebRTC loopback call: token -> audio leaving, first audio, barge-in,
+abort, and late output frames with 1, 4 and 16 concurrent calls.
+
+For each config the script starts a server (this script in `--serve` mode: the real app on
+uvicorn in its own process, plus a `/bench/raw` route that hands over the raw timings) and calls
+it with the aiortc caller of `realtime_omni.gateway.webrtc_client`, which speaks espeak-ng speech
+into its microphone track in real time:
+
+- one call, `--turns` turns: speech, the answer starts, plays `HOLD_S`, then the caller talks
+  over it (barge-in). Measured on the server: thinker token -> its first audio frame handed to
+  aiortc (an answer's first token, and every token whose audio found the playout queue empty),
+  raw and minus the model compute on that path (the talker and code2wav steps between the
+  token and the frame, from the stages' step logs); speech stop detected -> first frame out;
+  barge-in detected -> first silent frame out; abort acknowledged by every stage. Measured on the
+  caller: end of its speech (the last sample sent) -> first audible frame received.
+- n = 1, 4, 16 calls at once for `--seconds` each, every call talking and cancelling answers:
+  the share of output frames that left more than one frame period after their due time.
+
+    python benchmarks/latency.py [--configs simulated,tiny] [--turns 8] [--seconds 10]
+                                 [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from realtime_omni.gateway.audio import resample  # noqa: E402
+from realtime_omni.gateway.webrtc_client import Caller, http  # noqa: E402
+
+CONFIGS = {
+    "simulated": ROOT / "configs/simulated-qwen3-omni.yaml",
+    "tiny": ROOT / "configs/tiny.yaml",
+}
+HOLD_S = 0.6  # the answer plays this long before the caller barges in
+LOUD = 0.02  # a received frame with a peak above this is audible
+TARGETS = {  # DESIGN.md budgets
+    "token_to_audio_over_compute_ms": {"p50": 10.0, "p99": 25.0},
+    "barge_in_to_silence_ms": {"p99": 20.0},
+    "abort_ack_ms": {"p99": 10.0},
+}
+
+
+# ---- server side (`--serve`) -----------------------------------------------------------
+
+
+def serve(config: str, port: int) -> None:
+    import uvicorn
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+
+    from realtime_omni.gateway.app import GatewayConfig, create_app
+    from realtime_omni.pipeline.config import load_config
+
+    gw_cfg = GatewayConfig(max_sessions=32, ice_host_addresses=["127.0.0.1"])
+    app = create_app(load_config(config), gw_cfg)
+
+    async def raw(request: Request) -> Response:
+        gw, calls = app.state.gateway, app.state.webrtc
+        steps: dict[str, list[Any]] = {}
+        for st in (await gw.coord.stats()).values():
+            for stage, log in st.steps.items():
+                steps.setdefault(stage, []).extend(log)
+        metrics: dict[str, list[float]] = {k: list(v) for k, v in gw.metrics.items()}
+        for s in gw.sessions:
+            for k, v in s.metrics.items():
+                metrics.setdefault(k, []).extend(v)
+        chunks = [c for call in calls.calls.values() for c in call.track.chunk_log]
+        late = [x for call in calls.calls.values() for x in call.track.lateness_ms]
+        return JSONResponse(
+            {
+                "steps": steps,
+                "metrics": metrics,
+                "chunks": chunks,
+                "lateness_ms": late,
+                "webrtc": calls.stats(),
+            }
+        )
+
+    app.add_route("/bench/raw", raw)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        print("ready", flush=True)
+        await task
+
+    asyncio.run(main())
+
+
+# ---- caller side -----------------------------------------------------------------------
+
+
+def speech_48k() -> np.ndarray:
+    if shutil.which("espeak-ng") is None:
+        sys.exit("espeak-ng is not installed (apt-get install espeak-ng)")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "s.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), "Hello, how are you today?"], check=True)
+        with wave.open(str(path)) as w:
+            rate = w.getframerate()
+            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    loud = np.flatnonzero(np.abs(x) > 0.01)
+    return resample(x[: loud[-1] + 1], rate, 48000)  # end where the voice ends
+
+
+def get(url: str) -> Any:
+    status, _, body = http("GET", url)
+    if status != 200:
+        raise RuntimeError(f"GET {url}: {status} {body[:200]!r}")
+    return json.loads(body)
+
+
+def pct(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "n": 0}
+    p50, p99 = np.percentile(values, [50, 99])
+    return {"p50": round(float(p50), 2), "p99": round(float(p99), 2), "n": len(values)}
+
+
+def compute_ms(steps: dict[str, list[list[float]]], token_time: float, left: float) -> float:
+    """Model compute between a thinker token and its first frame leaving (one call at a time):
+    the last code2wav step that ended before the frame left, plus the talker steps that ran
+    between the token and that step."""
+    c2w = [(s, d) for s, d in steps.get("code2wav", []) if s >= token_time and s + d <= left]
+    if not c2w:
+        return 0.0
+    c_start, c_dur = c2w[-1]
+    talker = [d for s, d in steps.get("talker_ar", []) if s >= token_time and s + d <= c_start]
+    return (sum(talker) + c_dur) * 1e3
+
+
+async def set_turns(caller: Caller, on: bool, tokens: int) -> None:
+    td = {"type": "server_vad"} if on else None
+    caller.send(
+        {
+            "type": "session.update",
+            "session": {
+                "type": "realtime",
+                "max_output_tokens": tokens,
+                "audio": {"input": {"turn_detection": td}},
+            },
+        }
+    )
+    await caller.wait_for("session.updated", 10, since=time.monotonic() - 0.001)
+
+
+async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dict[str, Any]:
+    caller = Caller(url)
+    await caller.connect(limit_s=30)
+    heard: list[float] = []
+    try:
+        await asyncio.sleep(0.5)
+        for _ in range(turns):
+            await set_turns(caller, True, tokens)
+            caller.mic.say(speech)
+            await caller.wait_for("response.created", 30, since=time.monotonic())
+            await caller.wait_for("output_audio_buffer.started", 60)
+            end = caller.mic.speech_ended_at
+            await asyncio.sleep(HOLD_S)  # the audio also passes the caller's jitter buffer
+            first = next((t for t, p in caller.frames if end and t > end and p > LOUD), None)
+            if end is not None and first is not None:
+                heard.append((first - end) * 1e3)
+            t_talk = time.monotonic()
+            caller.mic.say(speech[: len(speech) // 2])  # talk over the answer
+            await caller.wait_for("input_audio_buffer.speech_started", 15, since=t_talk)
+            await set_turns(caller, False, tokens)  # this speech makes no new turn
+            await caller.wait_for("response.done", 15, since=t_talk)
+            while caller.mic.queued_s > 0:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+        return {"raw": await asyncio.to_thread(get, f"{url}/bench/raw"), "heard_ms": heard}
+    finally:
+        await caller.hang_up()
+
+
+async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> None:
+    caller = Caller(url)
+    await caller.connect(limit_s=60)
+    try:
+        await set_turns(caller, True, tokens)
+        while time.monotonic() < until:
+            caller.mic.say(speech)
+            try:
+                await caller.wait_for("output_audio_buffer.started", 30, since=time.monotonic())
+                await asyncio.sleep(1.0)
+                t_cancel = time.monotonic()
+                caller.send({"type": "response.cancel"})
+                await caller.wait_for("response.done", 15, since=t_cancel)
+            except TimeoutError:
+                pass
+    finally:
+        await caller.hang_up()
+
+
+async def concurrent(url: str, speech: np.ndarray, n: int, seconds: float, tokens: int) -> float:
+    before = (await asyncio.to_thread(get, f"{url}/v1/stats"))["webrtc"]
+    until = time.monotonic() + seconds
+    await asyncio.gather(*(busy_call(url, speech, until, tokens) for _ in range(n)))
+    await asyncio.sleep(0.5)
+    after = (await asyncio.to_thread(get, f"{url}/v1/stats"))["webrtc"]
+    frames = after["frames"] - before["frames"]
+    return (after["frames_late"] - before["frames_late"]) / max(1, frames)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(name: str, turns: int, seconds: float, speech: np.ndarray) -> dict[str, Any]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(CONFIGS[name]), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {name} server did not start")
+        url = f"http://127.0.0.1:{port}"
+        tokens = 40  # answers still being made when the caller barges in: the abort has work
+        one = asyncio.run(one_call(url, speech, turns, tokens))
+        raw = one["raw"]
+        steps = raw["steps"]
+        tta = [(left - t) * 1e3 for t, left in raw["chunks"]]
+        over = [(left - t) * 1e3 - compute_ms(steps, t, left) for t, left in raw["chunks"]]
+        m = raw["metrics"]
+        sessions = []
+        for n in (1, 4, 16):
+            print(f"  {name}: {n} concurrent calls ...", file=sys.stderr, flush=True)
+            ratio = asyncio.run(concurrent(url, speech, n, seconds, tokens))
+            sessions.append({"n": n, "late_frame_ratio": round(ratio, 5)})
+        return {
+            "config": name,
+            "token_to_audio_ms": pct(tta),
+            "token_to_audio_over_compute_ms": pct(over),
+            "first_audio_ms": pct(m.get("first_audio_ms", [])),
+            "speech_end_to_heard_ms": pct(one["heard_ms"]),
+            "barge_in_to_silence_ms": pct(m.get("barge_in_to_silence_ms", [])),
+            "abort_ack_ms": pct(m.get("abort_ms", [])),
+            "sessions": sessions,
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def verdict(key: str, r: dict[str, Any]) -> str:
+    target = TARGETS.get(key)
+    if not target:
+        return ""
+    ok = all(r[key][q] <= v for q, v in target.items())
+    want = ", ".join(f"{q} <= {v:g}" for q, v in target.items())
+    return f"{'ok' if ok else 'OVER'} ({want})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="simulated,tiny")
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per concurrency level")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port)
+        return
+    speech = speech_48k()
+    runs = []
+    for name in args.configs.split(","):
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        runs.append(measure(name, args.turns, args.seconds, speech))
+    rows = [
+        ("token_to_audio_ms", "thinker token -> its audio leaving (raw)"),
+        ("token_to_audio_over_compute_ms", "  the same minus talker+code2wav compute"),
+        ("first_audio_ms", "speech stop detected -> first frame out"),
+        ("speech_end_to_heard_ms", "caller: end of speech -> audio heard"),
+        ("barge_in_to_silence_ms", "barge-in detected -> silent frame out"),
+        ("abort_ack_ms", "abort acknowledged by every stage"),
+    ]
+    for r in runs:
+        print(f"\n{r['config']}: {'measure':44} {'p50':>9} {'p99':>9} {'n':>5}  target")
+        for key, label in rows:
+            v = r[key]
+            print(
+                f"  {label:52} {v['p50']:>7.1f}ms {v['p99']:>7.1f}ms {v['n']:>5}  {verdict(key, r)}"
+            )
+        late = ", ".join(f"{s['n']}: {100 * s['late_frame_ratio']:.2f}%" for s in r["sessions"])
+        print(f"  late output frames (> 1 frame period after due), by concurrent calls: {late}")
+    print(
+        "\nserver-side figures are taken when a frame is handed to aiortc; the caller's "
+        "include VAD silence (500 ms), Opus and its jitter buffer"
+    )
+    if args.json:
+        first = runs[0]
+        out = {k: first[k] for k in ("token_to_audio_ms", "first_audio_ms")}
+        out |= {k: first[k] for k in ("barge_in_to_silence_ms", "abort_ack_ms", "sessions")}
+        out["runs"] = runs
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

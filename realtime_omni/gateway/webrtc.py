@@ -1,0 +1,410 @@
+"""WebRTC calls: signalling routes and one aiortc peer connection around one `Session` per call.
+
+Routes (`routes()`, mounted by `app.create_app`):
+
+    POST   /v1/webrtc/offer    JSON {"sdp", "type": "offer"} -> 200 {"sdp", "type": "answer",
+                               "session_id"}
+    POST   /v1/whip            an application/sdp offer -> 201, the answer as application/sdp,
+                               Location: /v1/whip/<session_id>   (WHIP, RFC 9725)
+    DELETE /v1/whip/<id>       hang up (any call, however it was made) -> 200
+
+Refusals are JSON `{"error": {"message", "code"}}`: 400 a malformed body or SDP (the reason in
+the message), 404 an unknown session, 413 an offer over `MAX_OFFER_BYTES`, 415 WHIP without
+`application/sdp`, 503 the server at `max_sessions` (WebSocket sessions count too).
+
+A call: the client's audio track (Opus, decoded by aiortc to 48 kHz) feeds `Session.push_audio`;
+its video, when sent, the session's latest frame; the server's track plays the session's voice
+(`webrtc_media.PlayoutTrack`). The client creates a data channel labelled "oai-events" (OpenAI's
+WebRTC convention): the server sends every server event on it as JSON text, `session.created`
+first, then what the session emits plus `output_audio_buffer.started|stopped`, and handles the
+client events it receives exactly as the WebSocket API does (`error` answers a refused one).
+Events made before the channel opens wait, at most `MAX_BACKLOG` of them (the oldest go).
+
+A call ends on DELETE, when its peer connection goes `failed` or `closed` (ICE failure, DTLS
+teardown, consent lost), when it has not connected `CONNECT_TIMEOUT_S` after the answer, when the
+client stops reading the data channel (`MAX_BUFFERED_BYTES`), and at shutdown. Ending is
+idempotent: the session closes (its response aborted in every stage and awaited), the media and
+event tasks are cancelled, the peer connection closes and the call leaves the registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import sdp as aiortc_sdp
+from aiortc.mediastreams import MediaStreamTrack
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from realtime_omni.gateway.ice import rtc_configuration, use_host_addresses
+from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id
+from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.webrtc_media import (
+    PLAYOUT_RATE_HZ,
+    PlayoutTrack,
+    pump_audio,
+    pump_video,
+)
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+
+EVENTS_LABEL = "oai-events"
+MAX_OFFER_BYTES = 256 << 10  # a browser's audio+video offer is 5-20 KB
+CONNECT_TIMEOUT_S = 30.0  # from the answer to `connected`; then the call is dropped
+MAX_BACKLOG = 256  # server events kept while the data channel is not open
+MAX_INBOX = 256  # client events received and not yet handled; more get an error
+MAX_BUFFERED_BYTES = 8 << 20  # data-channel bytes the client has not taken; more ends the call
+
+
+class SignallingError(Exception):
+    """A refused offer or hang-up: the HTTP status and a message for the client."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": str(self), "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def check_offer(text: str) -> None:
+    """Refuse (400) an offer that aiortc would accept but that can never connect."""
+    try:
+        desc = aiortc_sdp.SessionDescription.parse(text)
+    except Exception as e:  # aiortc's parser raises many types for many faults
+        raise SignallingError(400, f"malformed SDP offer: {e!r}", "invalid_sdp") from None
+    if not desc.media:
+        raise SignallingError(400, "the SDP offer has no media section (m=)", "invalid_sdp")
+    for i, m in enumerate(desc.media):
+        where = f"media section {i} ({m.kind})"
+        if m.ice is None or not m.ice.usernameFragment or not m.ice.password:
+            raise SignallingError(400, f"{where} has no a=ice-ufrag / a=ice-pwd", "invalid_sdp")
+        if m.dtls is None or not m.dtls.fingerprints:
+            raise SignallingError(400, f"{where} has no DTLS a=fingerprint", "invalid_sdp")
+
+
+class WebRtcCall:
+    """One peer connection and its session. Made by `WebRtcCalls.create`; ended by `close`."""
+
+    def __init__(self, calls: WebRtcCalls, session: Session) -> None:
+        self.calls, self.session, self.id = calls, session, session.id
+        self.pc = RTCPeerConnection(calls.rtc_config)
+        self.track = PlayoutTrack(session, self.send_event)
+        self.channel: RTCDataChannel | None = None
+        self.connected = asyncio.Event()
+        self._backlog: deque[dict[str, Any]] = deque(maxlen=MAX_BACKLOG)
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_INBOX)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+        self.pc.on("connectionstatechange", self._on_state)
+
+    # ---- setup -------------------------------------------------------------------------
+
+    async def answer(self, sdp: str) -> str:
+        """Apply the offer and return the answer, every ICE candidate in it. `SignallingError`
+        (400) for an offer that cannot be answered."""
+        check_offer(sdp)
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except Exception as e:  # aiortc's parser raises many types for many faults
+            raise SignallingError(400, f"malformed SDP offer: {e!r}", "invalid_sdp") from None
+        audio = [t for t in self.pc.getTransceivers() if t.kind == "audio"]
+        if not audio and self.pc.sctp is None:
+            raise SignallingError(
+                400, "the offer has neither an audio track nor a data channel", "invalid_sdp"
+            )
+        if audio:
+            self.pc.addTrack(self.track)
+        try:
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except Exception as e:
+            raise SignallingError(400, f"cannot answer the offer: {e!r}", "invalid_sdp") from None
+        self.send_event(
+            {"type": "session.created", "session": self.session.settings.to_openai(self.id)}
+        )
+        self._spawn(self._pump_events())
+        self._spawn(self._handle_inbox())
+        self._spawn(self._watch_connect())
+        return self.pc.localDescription.sdp
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._task_done)
+
+    def _task_done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.error("call %s: a task failed", self.id, exc_info=t.exception())
+            self.end("internal error")
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(pump_audio(track, self.session))
+        elif track.kind == "video":
+            self._spawn(pump_video(track, self.session))
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != EVENTS_LABEL or self.channel is not None:
+            log.info("call %s: ignoring data channel %r", self.id, channel.label)
+            return
+        self.channel = channel
+        channel.on("open", self._flush_backlog)
+        channel.on("message", self._on_message)
+        channel.on("close", lambda: setattr(self, "channel", None))
+        self._flush_backlog()
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self.connected.set()
+        elif state in ("failed", "closed"):
+            self.end(f"connection {state}")
+
+    async def _watch_connect(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), CONNECT_TIMEOUT_S)
+            return
+        self.end(f"not connected {CONNECT_TIMEOUT_S:.0f} s after the answer")
+
+    # ---- events ------------------------------------------------------------------------
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        """Send a server event on the data channel, or keep it until the channel opens."""
+        ch = self.channel
+        if ch is None or ch.readyState != "open":
+            if len(self._backlog) == MAX_BACKLOG:
+                log.warning("call %s: no open data channel; dropping old events", self.id)
+            self._backlog.append(event)
+            return
+        ch.send(json.dumps({"event_id": event_id(), **event}))
+        if ch.bufferedAmount > MAX_BUFFERED_BYTES:
+            self.end(f"the client left {ch.bufferedAmount} bytes of events unread")
+
+    def _flush_backlog(self) -> None:
+        ch = self.channel
+        while self._backlog and ch is not None and ch.readyState == "open":
+            self.send_event(self._backlog.popleft())
+
+    async def _pump_events(self) -> None:
+        while True:
+            self.send_event(await self.session.next_event())
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            self._inbox.put_nowait(raw)
+        except asyncio.QueueFull:
+            self.send_event(
+                error_event(
+                    f"more than {MAX_INBOX} client events waiting; this one was dropped",
+                    "rate_limit_exceeded",
+                )
+            )
+
+    async def _handle_inbox(self) -> None:
+        limit = self.calls.gw.config.max_message_bytes
+        while True:
+            raw = await self._inbox.get()
+            if isinstance(raw, bytes):
+                raw = raw.decode("utf-8", "replace")
+            if len(raw) > limit:
+                self._error(
+                    ProtocolError(
+                        f"message of {len(raw)} bytes exceeds the limit of {limit} bytes",
+                        code="message_too_large",
+                    )
+                )
+                continue
+            await self._dispatch(raw)
+
+    async def _dispatch(self, raw: str) -> None:
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError as e:
+            self._error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
+            return
+        client_id = event.get("event_id") if isinstance(event, dict) else None
+        client_id = client_id if isinstance(client_id, str) else None
+        try:
+            await self.session.handle(event)
+        except ProtocolError as e:
+            self._error(e, client_id)
+        except Exception as e:  # a bug must cost the client an error event, not the call
+            log.exception("call %s: event %r failed", self.id, event.get("type"))
+            self.send_event(
+                error_event(f"internal error: {e}", "server_error", None, client_id, "server_error")
+            )
+
+    def _error(self, e: ProtocolError, client_id: str | None = None) -> None:
+        self.send_event(error_event(str(e), e.code, e.param, client_id))
+
+    # ---- teardown ----------------------------------------------------------------------
+
+    def end(self, reason: str) -> None:
+        """Close the call in the background (from callbacks that cannot await)."""
+        if not self._closed:
+            log.info("call %s ends: %s", self.id, reason)
+            self.calls.track_task(self.close())
+
+    async def close(self) -> None:
+        """Close the session, the tasks and the peer connection; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.calls.forget(self)
+        self.track.stop()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await self.session.close()
+        finally:
+            self.calls.gw.forget(self.session)
+            await self.pc.close()
+
+
+class WebRtcCalls:
+    """The live calls of one gateway, and the counters of those that ended."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.rtc_config = rtc_configuration(gw.config.ice_servers)
+        use_host_addresses(gw.config.ice_host_addresses)
+        self.calls: dict[str, WebRtcCall] = {}
+        self.totals = {"calls": 0, "frames": 0, "frames_late": 0, "resyncs": 0}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def create(self, sdp: str) -> tuple[WebRtcCall, str]:
+        """A call for this offer, and its answer. `SignallingError` on refusal; a refused or
+        failed offer leaves nothing behind."""
+        limit = self.gw.config.max_sessions
+        if len(self.gw.sessions) >= limit:
+            raise SignallingError(
+                503,
+                f"the server is at its limit of {limit} sessions; try again later",
+                "too_many_sessions",
+            )
+        session = self.gw.new_session(output_rate_hz=PLAYOUT_RATE_HZ)
+        self.gw.sessions.add(session)  # before any await: the limit holds under a burst
+        call = WebRtcCall(self, session)
+        self.calls[call.id] = call
+        self.totals["calls"] += 1
+        try:
+            await session.start()
+            return call, await call.answer(sdp)
+        except BaseException:
+            await call.close()
+            raise
+
+    def forget(self, call: WebRtcCall) -> None:
+        if self.calls.pop(call.id, None) is call:
+            self.totals["frames"] += call.track.frames
+            self.totals["frames_late"] += call.track.frames_late
+            self.totals["resyncs"] += call.track.resyncs
+
+    def track_task(self, coro: Any) -> None:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def stats(self) -> dict[str, int]:
+        """Calls live and made, and the output frames sent and late, ended calls included."""
+        live = list(self.calls.values())
+        return {
+            "live": len(live),
+            "calls": self.totals["calls"],
+            "frames": self.totals["frames"] + sum(c.track.frames for c in live),
+            "frames_late": self.totals["frames_late"] + sum(c.track.frames_late for c in live),
+            "resyncs": self.totals["resyncs"] + sum(c.track.resyncs for c in live),
+        }
+
+    async def close(self) -> None:
+        for call in list(self.calls.values()):
+            await call.close()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+# ---- routes ----------------------------------------------------------------------------
+
+
+async def _read_body(request: Request) -> str:
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > MAX_OFFER_BYTES:
+        raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_OFFER_BYTES:
+            raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SignallingError(400, "the body is not UTF-8 text", "invalid_sdp") from None
+
+
+async def offer_endpoint(request: Request) -> Response:
+    calls: WebRtcCalls = request.app.state.webrtc
+    try:
+        raw = await _read_body(request)
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise SignallingError(400, f"the body is not JSON: {e}", "invalid_json") from None
+        if not isinstance(data, dict) or data.get("type") != "offer":
+            raise SignallingError(400, 'the body must be {"sdp": ..., "type": "offer"}')
+        if not isinstance(data.get("sdp"), str):
+            raise SignallingError(400, "sdp must be a string", "invalid_sdp")
+        call, answer = await calls.create(data["sdp"])
+    except SignallingError as e:
+        return e.response()
+    return JSONResponse({"sdp": answer, "type": "answer", "session_id": call.id})
+
+
+async def whip_endpoint(request: Request) -> Response:
+    calls: WebRtcCalls = request.app.state.webrtc
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        if kind != "application/sdp":
+            raise SignallingError(
+                415, f"WHIP takes Content-Type application/sdp, not {kind or 'none'!r}"
+            )
+        call, answer = await calls.create(await _read_body(request))
+    except SignallingError as e:
+        return e.response()
+    return Response(
+        answer,
+        status_code=201,
+        media_type="application/sdp",
+        headers={"Location": f"/v1/whip/{call.id}"},
+    )
+
+
+async def whip_delete_endpoint(request: Request) -> Response:
+    calls: WebRtcCalls = request.app.state.webrtc
+    call = calls.calls.get(request.path_params["session_id"])
+    if call is None:
+        return SignallingError(404, "no such session", "session_not_found").response()
+    await call.close()
+    return Response(status_code=200)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/webrtc/offer", offer_endpoint, methods=["POST"]),
+        Route("/v1/whip", whip_endpoint, methods=["POST"]),
+        Route("/v1/whip/{session_id}", whip_delete_endpoint, methods=["DELETE"]),
+    ]

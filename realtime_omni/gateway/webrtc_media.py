@@ -1,0 +1,203 @@
+"""The media of a WebRTC call: the session's voice out as a paced track, the person's audio and
+camera in.
+
+    track = PlayoutTrack(session, on_event)   # pc.addTrack(track); aiortc calls recv() per frame
+    await pump_audio(remote_audio, session)   # until the remote track ends
+    await pump_video(remote_video, session)   # latest frame only, at most `VIDEO_FPS` converted
+
+`PlayoutTrack.recv` returns 20 ms 48 kHz mono s16 frames read from `Session.read_output` (at
+24 kHz, the vocoder's rate, upsampled by libswresample as the frame leaves), frame
+`i` due at `start + i * 20 ms` on the monotonic clock (pts `i * 960`: a sample counter, so the
+schedule never drifts). The read happens right before the frame is handed to aiortc, so the
+session's `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits
+for its due time, with one exception: while silence is leaving (the queue ran dry), audio written
+wakes the track and the frame leaves at once, up to one frame early, so the first frame of an
+answer does not wait out the rest of a silent frame's period. A barge-in flushes the queue; the
+next frame to leave, at most one frame period later, is silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame, AudioResampler, VideoFrame
+
+from realtime_omni.gateway.session import MODEL_RATE_HZ, Session
+from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
+
+log = logging.getLogger(__name__)
+
+RATE_HZ = 48000
+FRAME_SAMPLES = 960  # 20 ms
+FRAME_S = FRAME_SAMPLES / RATE_HZ
+# The session's playout runs at the vocoder's rate (no numpy resampling of the answer in the event
+# loop); each frame is upsampled to 48 kHz in C as it leaves.
+PLAYOUT_RATE_HZ = MODEL_RATE_HZ
+PLAYOUT_FRAME_SAMPLES = round(FRAME_S * PLAYOUT_RATE_HZ)
+MAX_BEHIND_S = 0.2  # further behind the schedule than this (a stalled loop), start it anew
+VIDEO_FPS = 2.0  # camera frames converted per second; the rest are dropped undecoded-to-RGB
+MAX_VIDEO_SIDE = 1280  # camera frames are scaled down to this before they reach the session
+_LOG_LEN = 1000  # counted chunk starts kept per track
+
+
+class PlayoutTrack(MediaStreamTrack):
+    """The session's audio out, paced in real time; silence when there is nothing to say.
+
+    `frames`, `frames_late` (left more than one frame period after the due time) and `resyncs`
+    count what left; `chunk_log` keeps (token_time, left_at) of every chunk start the session
+    counts for token-to-audio (an answer's first, or one that found the queue empty).
+    `on_event` gets `output_audio_buffer.started` / `.stopped` as an answer's audio begins and
+    ends on the wire (OpenAI's WebRTC events)."""
+
+    kind = "audio"
+
+    def __init__(
+        self, session: Session, on_event: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        super().__init__()
+        self.session = session
+        self.on_event = on_event
+        self.frames = 0  # frames handed to aiortc; the next one's pts is frames * FRAME_SAMPLES
+        self.frames_late = 0
+        self.resyncs = 0
+        self.chunk_log: deque[tuple[float, float]] = deque(maxlen=_LOG_LEN)
+        self.lateness_ms: deque[float] = deque(maxlen=_LOG_LEN)  # left - due, recent frames
+        self._start: float | None = None
+        self._idle = True  # the last frame was silence
+        self._playing: tuple[str, str | None] | None = None  # (item_id, response_id) on the wire
+        self._time_base = fractions.Fraction(1, RATE_HZ)
+        self._up = AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
+        self._carry = np.zeros(0, np.int16)
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self.frames * FRAME_S
+        if time.monotonic() - due > MAX_BEHIND_S:  # a burst of stale frames helps no listener
+            self.resyncs += 1
+            self._start += time.monotonic() - due
+            due = self._start + self.frames * FRAME_S
+        await self._wait(due)
+        if self.readyState != "live":
+            raise MediaStreamError
+        r = self.session.read_output(PLAYOUT_FRAME_SAMPLES)
+        left = time.monotonic()
+        self.lateness_ms.append((left - due) * 1e3)
+        if left - due > FRAME_S:
+            self.frames_late += 1
+        for cs in r.chunk_starts:
+            if cs.queue_was_empty:
+                self.chunk_log.append((cs.token_time, left))
+        frame = AudioFrame.from_ndarray(
+            self._upsample(r.pcm).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = RATE_HZ
+        frame.pts = self.frames * FRAME_SAMPLES
+        frame.time_base = self._time_base
+        self.frames += 1
+        self._idle = not r.items
+        self._note_playing(r.items[0][0] if r.items else None)
+        return frame
+
+    def _upsample(self, pcm: np.ndarray) -> np.ndarray:
+        """`PLAYOUT_RATE_HZ` float samples -> one 48 kHz int16 frame, by libswresample."""
+        pcm16 = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
+        f = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
+        f.sample_rate = PLAYOUT_RATE_HZ
+        out = [self._carry, *(o.to_ndarray().reshape(-1) for o in self._up.resample(f))]
+        buf = np.concatenate(out)
+        if len(buf) < FRAME_SAMPLES:  # the first frame: the filter's delay, < 1 ms, as silence
+            buf = np.concatenate([np.zeros(FRAME_SAMPLES - len(buf), np.int16), buf])
+        self._carry = buf[FRAME_SAMPLES:]
+        return buf[:FRAME_SAMPLES]
+
+    async def _wait(self, due: float) -> None:
+        s = self.session
+        while (now := time.monotonic()) < due:
+            if not self._idle or now < due - FRAME_S:
+                await asyncio.sleep(due - now if not self._idle else due - FRAME_S - now)
+                continue
+            if s.playout.queued:  # an answer starts: its first frame leaves now
+                return
+            s.audio_written.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.audio_written.wait(), due - now)
+
+    def _note_playing(self, item_id: str | None) -> None:
+        playing = self._playing
+        if item_id is not None and (playing is None or playing[0] != item_id):
+            if playing is not None:
+                self._event("output_audio_buffer.stopped", playing[1])
+            self._playing = (item_id, self.session.response_of(item_id))
+            self._event("output_audio_buffer.started", self._playing[1])
+        elif item_id is None and playing is not None and not self.session.response_of(playing[0]):
+            self._playing = None  # silence, and its response is over
+            self._event("output_audio_buffer.stopped", playing[1])
+
+    def _event(self, kind: str, response_id: str | None) -> None:
+        if self.on_event is not None:
+            self.on_event({"type": kind, "response_id": response_id})
+
+
+def frame_to_mono(frame: AudioFrame) -> np.ndarray:
+    """A decoded frame (packed or planar, int or float samples) as mono float32 in [-1, 1]."""
+    x = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        x = x.reshape(channels, -1)
+        mono = x.mean(axis=0) if channels > 1 else x[0]
+    else:
+        x = x.reshape(-1, channels)
+        mono = x.mean(axis=1) if channels > 1 else x[:, 0]
+    if np.issubdtype(x.dtype, np.integer):
+        return (mono / float(-np.iinfo(x.dtype).min)).astype(np.float32)
+    return mono.astype(np.float32)
+
+
+async def pump_audio(track: MediaStreamTrack, session: Session) -> None:
+    """Feed the remote audio track into the session until the track ends.
+
+    libswresample (C) mixes the decoded 48 kHz stereo down to 16 kHz mono, the session's input
+    rate, so the event loop does no per-sample work: a numpy resampler per call cost a fifth of
+    the loop with four calls on two cores."""
+    to_input = AudioResampler(format="s16", layout="mono", rate=INPUT_RATE_HZ)
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        if isinstance(frame, AudioFrame):
+            for f in to_input.resample(frame):
+                session.push_audio(f.to_ndarray().reshape(-1), INPUT_RATE_HZ)
+
+
+async def pump_video(track: MediaStreamTrack, session: Session, fps: float = VIDEO_FPS) -> None:
+    """Keep the session's video frame the latest camera frame, converted at most `fps` times a
+    second; every frame is still taken off the track (aiortc queues them without limit)."""
+    last = -math.inf
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        now = time.monotonic()
+        if not isinstance(frame, VideoFrame) or now - last < 1.0 / fps:
+            continue
+        last = now
+        scale = min(1.0, MAX_VIDEO_SIDE / max(frame.width, frame.height, 1))
+        width = max(2, int(frame.width * scale) // 2 * 2)
+        height = max(2, int(frame.height * scale) // 2 * 2)
+        rgb = frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
+        session.set_video_frame(rgb)

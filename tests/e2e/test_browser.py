@@ -1,0 +1,115 @@
+"""The demo page in headless Chromium: a fake microphone speaks, the page hears the answer.
+
+Debian's chromium (apt; `.ci/run` installs it) driven by Playwright with an explicit
+`executable_path`: Playwright's own browser downloads cannot work here. The page's observable
+state is `window.omni` (see web/app.js).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from tests.conftest import timeout
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SPEECH = "Hello, how are you today?"
+
+
+def chromium_flags(mic_wav: Path) -> list[str]:
+    return [
+        "--no-sandbox",  # CI runs as root
+        "--autoplay-policy=no-user-gesture-required",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={mic_wav}",
+        "--allow-loopback-in-peer-connection",
+        "--disable-features=WebRtcHideLocalIpsWithMdns",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+    ]
+
+
+@pytest.fixture(scope="module")
+def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake microphone: half a second of silence, the sentence, then 6 s of silence (Chromium
+    loops the file), 48 kHz mono 16-bit."""
+    for tool in ("espeak-ng", "sox"):
+        assert shutil.which(tool), f"{tool} is missing: apt-get install {tool} (.ci/run does)"
+    d = tmp_path_factory.mktemp("mic")
+    raw, out = d / "speech.wav", d / "mic.wav"
+    subprocess.run(["espeak-ng", "-w", str(raw), SPEECH], check=True)
+    subprocess.run(
+        ["sox", str(raw), "-r", "48000", "-c", "1", "-b", "16", str(out), "pad", "0.5", "6"],
+        check=True,
+    )
+    return out
+
+
+def omni(page: Page) -> Any:
+    return page.evaluate("window.omni")
+
+
+def test_demo_page_calls_hears_and_hangs_up(server: str, mic_wav: Path, tmp_path: Path) -> None:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_flags(mic_wav)
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page_errors: list[str] = []
+            page.on("pageerror", lambda e: page_errors.append(str(e)))
+            page.goto(server)
+            page.select_option("#voice", "ethan")  # sent as session.update once connected
+
+            page.click("#connect")
+            page.wait_for_function(
+                "window.omni.connected && window.omni.channelOpen", timeout=timeout(15) * 1000
+            )
+            # Short answers keep the test quick: the simulated thinker makes 32 tokens otherwise.
+            page.evaluate(
+                """window.omni.send({type: "session.update",
+                    session: {type: "realtime", max_output_tokens: 8}})"""
+            )
+            page.wait_for_function(
+                "(window.omni.events['response.done'] || 0) >= 1 && window.omni.rx.maxPeak > 0.01"
+                " && window.omni.rx.packets > 0",
+                timeout=timeout(30) * 1000,
+            )
+            state = omni(page)
+            shot = tmp_path / "demo-page.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"screenshot: {shot}")
+
+            seen = state["events"]
+            for kind in (
+                "session.created",
+                "session.updated",
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.speech_stopped",
+                "response.created",
+                "response.done",
+            ):
+                assert seen.get(kind), f"{kind} never arrived; seen: {sorted(seen)}"
+            assert page.input_value("#voice") == "ethan"  # as the server's session.updated says
+            assert state["rx"]["bytes"] > 0
+            assert state["latency"]["firstAudioMs"], "no first-audio latency was measured"
+            assert page.locator("#transcript .msg.you").count() >= 1
+            assert page.locator("#transcript .msg.bot").count() >= 1
+            assert state["errors"] == [], state["errors"]
+            assert page_errors == [], page_errors
+
+            page.click("#connect")  # now "Hang up"
+            page.wait_for_function("window.omni.state === 'closed'", timeout=timeout(5) * 1000)
+            assert page.text_content("#connect") == "Connect"
+        finally:
+            browser.close()

@@ -1,0 +1,252 @@
+"""A real aiortc caller against `realtime-omni serve` (configs/simulated-qwen3-omni.yaml, whose
+vocoder speaks a quiet tone) over WebRTC on the loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.webrtc_client import Caller, http
+from tests.conftest import ROOT, run, timeout
+from tests.e2e.conftest import _free_port
+
+MAX_SESSIONS = 2
+LOUD = 0.05  # the simulated tone peaks at 0.1; Opus leaves < 0.01 of it a frame after a cut
+FRAME_S = 0.02
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    path = ROOT / "configs" / "simulated-qwen3-omni.yaml"
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "realtime_omni.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--config",
+            str(path),
+            "--max-sessions",
+            str(MAX_SESSIONS),
+            "--ice-host-address",
+            "127.0.0.1",  # loopback only: no ICE check goes to another interface
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout(60)
+    line = ""
+    while time.monotonic() < deadline and "serving" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            pytest.fail(f"the server exited with {proc.returncode}")
+    assert f"http://127.0.0.1:{port}" in line
+    yield f"http://127.0.0.1:{port}"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=timeout(15))  # uvicorn re-raises SIGTERM after a clean shutdown
+    left = [p for p in os.listdir("/dev/shm") if p.startswith(f"rto_{proc.pid}_")]
+    assert left == [], f"shared memory left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def speech48(speech: np.ndarray) -> np.ndarray:
+    return resample(speech, 24000, 48000)
+
+
+def get_json(url: str) -> Any:
+    status, _, body = http("GET", url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+async def settle(url: str, limit_s: float = 5.0) -> dict[str, Any]:
+    """/v1/stats once no session is left and the pipeline holds nothing."""
+    deadline = time.monotonic() + timeout(limit_s)
+    while True:
+        st = await asyncio.to_thread(get_json, f"{url}/v1/stats")
+        idle = st["sessions"] == 0 and st["in_flight"] == 0 and st["webrtc"]["live"] == 0
+        if idle or time.monotonic() > deadline:
+            return st
+        await asyncio.sleep(0.05)
+
+
+def assert_pipeline_idle(st: dict[str, Any]) -> None:
+    assert st["in_flight"] == 0, st
+    assert st["free_slots"] == st["total_slots"], st
+    assert not any(st["active_requests"].values()), st
+
+
+async def short_answers(caller: Caller, tokens: int) -> None:
+    caller.send(
+        {"type": "session.update", "session": {"type": "realtime", "max_output_tokens": tokens}}
+    )
+    await caller.wait_for("session.updated", timeout(10))
+
+
+def test_speech_in_audio_back_and_events(server: str, speech48: np.ndarray) -> None:
+    async def body() -> None:
+        caller = Caller(server)
+        await caller.connect(limit_s=timeout(10))
+        try:
+            assert caller.session_id and caller.session_id.startswith("sess_")
+            _, created = await caller.wait_for("session.created", timeout(5))
+            assert created is caller.events[0][1] and created["session"]["id"] == caller.session_id
+            await short_answers(caller, 6)
+            silence = np.zeros(48000, np.float32)
+            caller.mic.say(np.concatenate([silence[:9600], speech48, silence]))
+            _, done = await caller.wait_for("response.done", timeout(20))
+            assert done["response"]["status"] == "completed"
+            await caller.wait_for("output_audio_buffer.stopped", timeout(5))
+            kinds = [ev["type"] for _, ev in caller.events]
+            for k in [
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.speech_stopped",
+                "input_audio_buffer.committed",
+                "response.created",
+                "output_audio_buffer.started",
+            ]:
+                assert k in kinds, k
+            assert all("event_id" in ev for _, ev in caller.events)
+            t_created, _ = await caller.wait_for("response.created")
+            loud = [t for t, peak in caller.frames if peak > LOUD]
+            # 6 tokens x 2 codec frames x 80 ms = 960 ms of tone: about 48 loud 20 ms frames
+            assert 30 <= len(loud) <= 60, len(loud)
+            assert loud[0] > t_created
+            before = [p for t, p in caller.frames if t < t_created]
+            assert before and max(before) < LOUD  # silence while nothing was said
+        finally:
+            await caller.hang_up()
+        st = await settle(server)
+        assert st["sessions"] == 0
+        assert_pipeline_idle(st)
+        assert st["webrtc"]["frames"] > 0
+
+    run(body(), 60)
+
+
+def test_barge_in_silences_the_track_and_every_stage_acks(
+    server: str, speech48: np.ndarray
+) -> None:
+    async def body() -> None:
+        caller = Caller(server)
+        await caller.connect(limit_s=timeout(10))
+        try:
+            await short_answers(caller, 40)  # about 6 s of answer
+            caller.mic.say(np.concatenate([speech48, np.zeros(24000, np.float32)]))
+            t_audio, _ = await caller.wait_for("output_audio_buffer.started", timeout(20))
+            await asyncio.sleep(0.6)
+            t_talk = time.monotonic()
+            caller.mic.say(speech48)  # talk over the bot
+            t_started, _ = await caller.wait_for(
+                "input_audio_buffer.speech_started", timeout(10), since=t_talk
+            )
+            # No new turn from this speech: the pipeline must end up idle, not busy again.
+            caller.send(
+                {
+                    "type": "session.update",
+                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
+                }
+            )
+            _, done = await caller.wait_for("response.done", timeout(10), since=t_talk)
+            assert done["response"]["status"] == "cancelled"
+            assert done["response"]["status_details"]["reason"] == "turn_detected"
+            await asyncio.sleep(0.5)
+            frames = [(t, p) for t, p in caller.frames if t > t_audio]
+            assert any(p > LOUD for t, p in frames if t < t_started)  # the bot was talking
+            after = [p for t, p in frames if t > t_started]
+            last_loud = max((i for i, p in enumerate(after) if p > LOUD), default=-1)
+            print(f"loud frames received after speech_started: {last_loud + 1}")
+            # The server's next frame is silent; what was already sent comes out of the
+            # caller's jitter buffer (aiortc holds a few frames) and the wire.
+            assert last_loud + 1 <= 12, [round(p, 3) for p in after[:20]]
+            assert len(after) >= 20 and max(after[last_loud + 1 :]) < LOUD
+            metrics = await asyncio.to_thread(get_json, f"{server}/v1/metrics")
+            print(f"server: barge-in -> silence {metrics['barge_in_to_silence_ms']}")
+            assert metrics["barge_in_to_silence_ms"]["n"] >= 1
+            st = await asyncio.to_thread(get_json, f"{server}/v1/stats")
+            assert st["sessions"] == 1
+            assert_pipeline_idle(st)  # the abort reached every stage and freed every slot
+        finally:
+            await caller.hang_up()
+        assert (await settle(server))["sessions"] == 0
+
+    run(body(), 60)
+
+
+def test_whip_create_and_delete(server: str) -> None:
+    async def body() -> None:
+        caller = Caller(server)
+        await caller.connect(whip=True, limit_s=timeout(10))
+        assert caller.location == f"/v1/whip/{caller.session_id}"
+        await caller.wait_for("session.created", timeout(5))
+        assert (await asyncio.to_thread(get_json, f"{server}/v1/stats"))["webrtc"]["live"] == 1
+        location = caller.location
+        await caller.hang_up()  # DELETE
+        st = await settle(server)
+        assert st["sessions"] == 0 and st["webrtc"]["live"] == 0
+        status, _, _ = await asyncio.to_thread(http, "DELETE", f"{server}{location}")
+        assert status == 404
+
+    run(body(), 30)
+
+
+def test_bad_offers_are_refused_and_leave_nothing(server: str) -> None:
+    async def body() -> None:
+        caller = Caller(server)
+        sdp = await caller.offer()
+        await caller.pc.close()
+        offer_url, whip_url = f"{server}/v1/webrtc/offer", f"{server}/v1/whip"
+
+        def post(url: str, body: bytes, kind: str = "application/json") -> tuple[int, Any]:
+            status, _, raw = http("POST", url, body, kind)
+            return status, json.loads(raw) if raw.startswith(b"{") else raw
+
+        broken = sdp.replace("a=fingerprint:", "a=fingerprint-gone:")
+        for url, payload, kind, want in [
+            (offer_url, b"not json", "application/json", 400),
+            (offer_url, json.dumps({"sdp": "hello", "type": "offer"}).encode(), None, 400),
+            (offer_url, json.dumps({"sdp": sdp, "type": "answer"}).encode(), None, 400),
+            (offer_url, json.dumps({"sdp": broken, "type": "offer"}).encode(), None, 400),
+            (offer_url, json.dumps({"sdp": 5, "type": "offer"}).encode(), None, 400),
+            (whip_url, b"v=0\r\nm=garbage\r\n", "application/sdp", 400),
+            (whip_url, sdp.encode(), "text/plain", 415),
+            (offer_url, b"x" * (300 << 10), None, 413),
+        ]:
+            status, reply = await asyncio.to_thread(post, url, payload, kind or "application/json")
+            assert status == want, (payload[:60], status, reply)
+            assert reply["error"]["message"], reply
+        # Too many sessions: offers that never connect hold their sessions until DELETE.
+        held = []
+        for _ in range(MAX_SESSIONS):
+            status, headers, _ = await asyncio.to_thread(
+                http, "POST", whip_url, sdp.encode(), "application/sdp"
+            )
+            assert status == 201
+            held.append(headers["location"])
+        status, reply = await asyncio.to_thread(
+            post, offer_url, json.dumps({"sdp": sdp, "type": "offer"}).encode()
+        )
+        assert status == 503 and reply["error"]["code"] == "too_many_sessions", reply
+        for loc in held:
+            assert (await asyncio.to_thread(http, "DELETE", f"{server}{loc}"))[0] == 200
+        st = await settle(server)
+        assert st["sessions"] == 0 and st["webrtc"]["live"] == 0
+        assert_pipeline_idle(st)
+
+    run(body(), 30)
