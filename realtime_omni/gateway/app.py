@@ -29,6 +29,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from realtime_omni.errors import OmniError
 from realtime_omni.gateway.protocol import Settings
 from realtime_omni.gateway.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.session import Session, VadModel
@@ -210,8 +211,18 @@ async def serve(
     pipeline: PipelineConfig, host: str, port: int, config: GatewayConfig | None = None
 ) -> None:
     """Run the app on uvicorn until SIGINT/SIGTERM; prints one line with the URL when ready."""
+    import socket
+
     import uvicorn
 
+    try:  # fail now, not after the stage processes took their time to start
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise OmniError(
+            f"cannot listen on {host}:{port}: {e.strerror}. Fix: stop what uses the port, or "
+            "pass another --port"
+        ) from None
     cfg = config or GatewayConfig()
     app = create_app(pipeline, cfg)
     server = uvicorn.Server(
