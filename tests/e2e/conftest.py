@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -29,9 +30,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def server() -> Iterator[str]:
+@contextlib.contextmanager
+def serving(*args: str) -> Iterator[str]:
+    """`realtime-omni serve` with the simulated config on a free port, `args` added; yields its
+    URL, and checks on the way out that SIGTERM left no shared memory behind."""
     port = _free_port()
+    config = str(ROOT / "configs" / "simulated-qwen3-omni.yaml")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -41,9 +45,8 @@ def server() -> Iterator[str]:
             "--port",
             str(port),
             "--config",
-            str(ROOT / "configs" / "simulated-qwen3-omni.yaml"),
-            "--max-sessions",
-            str(MAX_SESSIONS),
+            config,
+            *args,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -57,11 +60,19 @@ def server() -> Iterator[str]:
         if not line and proc.poll() is not None:
             pytest.fail(f"the server exited with {proc.returncode}")
     assert f"http://127.0.0.1:{port}" in line
-    yield f"http://127.0.0.1:{port}"
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=timeout(15))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=timeout(15))  # uvicorn re-raises SIGTERM after a clean shutdown
     left = [p for p in os.listdir("/dev/shm") if p.startswith(f"rto_{proc.pid}_")]
     assert left == [], f"shared memory left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    with serving("--max-sessions", str(MAX_SESSIONS)) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

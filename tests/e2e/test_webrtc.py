@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +14,8 @@ import pytest
 
 from realtime_omni.gateway.audio import resample
 from realtime_omni.gateway.webrtc_client import Caller, http
-from tests.conftest import ROOT, run, timeout
-from tests.e2e.conftest import _free_port
+from tests.conftest import run, timeout
+from tests.e2e.conftest import serving
 
 MAX_SESSIONS = 2
 LOUD = 0.05  # the simulated tone peaks at 0.1; Opus leaves < 0.01 of it a frame after a cut
@@ -28,40 +24,9 @@ FRAME_S = 0.02
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    path = ROOT / "configs" / "simulated-qwen3-omni.yaml"
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "realtime_omni.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--config",
-            str(path),
-            "--max-sessions",
-            str(MAX_SESSIONS),
-            "--ice-host-address",
-            "127.0.0.1",  # loopback only: no ICE check goes to another interface
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout(60)
-    line = ""
-    while time.monotonic() < deadline and "serving" not in line:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            pytest.fail(f"the server exited with {proc.returncode}")
-    assert f"http://127.0.0.1:{port}" in line
-    yield f"http://127.0.0.1:{port}"
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=timeout(15))  # uvicorn re-raises SIGTERM after a clean shutdown
-    left = [p for p in os.listdir("/dev/shm") if p.startswith(f"rto_{proc.pid}_")]
-    assert left == [], f"shared memory left behind: {left}"
+    # loopback only: no ICE check goes to another interface
+    with serving("--max-sessions", str(MAX_SESSIONS), "--ice-host-address", "127.0.0.1") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
