@@ -40,6 +40,7 @@ WIDTH = 2048
 SMALL_MAX_BYTES = 4096  # up to here: uint8 arrays and SMALL_ITERS; above: bf16 rows, BIG_ITERS
 SMALL_ITERS, BIG_ITERS = 500, 200
 MEMCPY_REPS_PER_ITER = 5  # memcpy is cheap: more repetitions for a steadier median
+IDLE_S = 0.001  # before each copy of the `memcpy_after_idle` baseline
 START_TIMEOUT_S = 60.0  # a spawned receiver imports numpy, zmq and the runtime first
 ACK_TIMEOUT_MS = 10_000
 TARGET_SMALL_BYTES, TARGET_SMALL_P50_US = 4096, 100.0  # DESIGN.md, "Budgets"
@@ -301,11 +302,15 @@ def run_queue(sizes: list[int], iters: int | None, warmup: int) -> Latencies:
         q.close()
 
 
-def memcpy_p50_us(nbytes: int, reps: int, warmup: int) -> float:
+def memcpy_p50_us(nbytes: int, reps: int, warmup: int, idle_s: float = 0.0) -> float:
+    """np.copyto into a preallocated array; with `idle_s`, each copy follows that much sleep,
+    as a hop's copy follows a wait for the previous acknowledgement."""
     src = make_array(nbytes)
     dst = np.empty_like(src)
     ns = []
     for _ in range(warmup + reps):
+        if idle_s:
+            time.sleep(idle_s)
         t0 = time.perf_counter_ns()
         np.copyto(dst, src)
         ns.append(time.perf_counter_ns() - t0)
@@ -346,6 +351,7 @@ def main() -> None:
         n: memcpy_p50_us(n, MEMCPY_REPS_PER_ITER * iters_for(n, args.iters), args.warmup)
         for n in sizes
     }
+    idle_us = {n: memcpy_p50_us(n, iters_for(n, args.iters), 10, IDLE_S) for n in sizes}
     results: dict[str, Latencies] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="rto-bench-") as tmp:
@@ -375,24 +381,31 @@ def main() -> None:
     ]
     queue_us = {n: pct_us(queue_lat[n], 50) for n in sizes}
     bare_us = {n: pct_us(bare_lat[n], 50) for n in sizes}
-    named = (("memcpy", memcpy_us), ("mp_queue_pickle", queue_us), ("zmq_ipc_bare", bare_us))
+    named = (
+        ("memcpy", memcpy_us),
+        ("memcpy_after_idle", idle_us),
+        ("mp_queue_pickle", queue_us),
+        ("zmq_ipc_bare", bare_us),
+    )
     baselines = [
         {"name": name, "payload_bytes": n, "p50_us": us}
         for name, p50s in named
         for n, us in p50s.items()
     ]
 
-    head = ("transport", "bytes", "p50 us", "p99 us", "memcpy", "mp.Queue", "zmq bare", "verdict")
-    print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}".format(*head))
+    head = ("transport", "bytes", "p50 us", "p99 us", "memcpy", "idle+cp", "mp.Queue", "zmq bare")
+    print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  verdict".format(*head))
     for r in rows:
         n = r["payload_bytes"]
         print(
             f"{r['transport']:<10} {n:>9} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f} "
-            f"{memcpy_us[n]:>9.1f} {queue_us[n]:>9.1f} {bare_us[n]:>9.1f}  "
+            f"{memcpy_us[n]:>9.1f} {idle_us[n]:>9.1f} {queue_us[n]:>9.1f} {bare_us[n]:>9.1f}  "
             f"{verdict(n, r['p50_us'], memcpy_us)}"
         )
-    print("baselines are p50 us: memcpy in one process; the same array pickled through a")
-    print("multiprocessing.Queue; raw bytes in one ZMQ frame over ipc:// (no runtime: the floor)")
+    print("baselines, p50 us: memcpy in one process, back to back (the verdicts use this one);")
+    print(f"idle+cp, the same copy after {IDLE_S * 1e3:g} ms asleep, as a hop's copy comes after")
+    print("waiting for an ack; the array pickled through a multiprocessing.Queue; raw bytes in one")
+    print("ZMQ frame over ipc:// with no runtime code (the floor under the ipc rows)")
     if skip is not None:
         print(f"cuda_ipc: skipped ({skip})")
     if args.json:

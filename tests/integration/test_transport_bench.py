@@ -50,7 +50,9 @@ def test_transport_benchmark_smoke(tmp_path: Path) -> None:
         assert set(b) == {"name", "payload_bytes", "p50_us"}
         assert b["p50_us"] > 0
     assert sorted((b["name"], b["payload_bytes"]) for b in baselines) == sorted(
-        (name, n) for name in ("memcpy", "mp_queue_pickle", "zmq_ipc_bare") for n in SIZES_BYTES
+        (name, n)
+        for name in ("memcpy", "memcpy_after_idle", "mp_queue_pickle", "zmq_ipc_bare")
+        for n in SIZES_BYTES
     )
 
     table = [line.split() for line in stdout.splitlines()]
