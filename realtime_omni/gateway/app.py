@@ -151,12 +151,21 @@ async def _metrics(request: Request) -> Response:
 
 async def _stats(request: Request) -> Response:
     """Requests in flight, free and total slots per edge and requests held per stage (summed over
-    the stage processes), and the WebRTC calls' output frame counters: for tests and monitoring."""
+    the stage processes), and the WebRTC calls' output frame counters: for tests and monitoring.
+    `?since=T` (a time.monotonic() value, one clock for every process of a machine) adds
+    `steps_since`: executor steps per stage that started at T or later (of the last 512)."""
     gw: Gateway = request.app.state.gateway
     free: dict[str, int] = {}
     total: dict[str, int] = {}
     held: dict[str, int] = {}
+    steps: dict[str, int] = {}
+    try:
+        since = float(request.query_params.get("since", "inf"))
+    except ValueError:
+        return JSONResponse({"error": {"message": "since must be a number"}}, status_code=400)
     for st in (await gw.coord.stats()).values():
+        for stage, log in st.steps.items():
+            steps[stage] = steps.get(stage, 0) + sum(1 for t, _ in log if t >= since)
         for out, got in ((free, st.free_slots), (total, st.total_slots)):
             for k, v in got.items():
                 out[k] = out.get(k, 0) + v
@@ -169,6 +178,7 @@ async def _stats(request: Request) -> Response:
             "free_slots": free,
             "total_slots": total,
             "active_requests": held,
+            "steps_since": steps,
             "webrtc": request.app.state.webrtc.stats(),
         }
     )

@@ -232,3 +232,42 @@ def test_beta_clients_get_beta_names(server: str, beta: bool) -> None:
             assert "conversation.item.created" in kinds and "conversation.item.done" not in kinds
 
     run(body())
+
+
+def test_speech_is_made_no_further_ahead_than_the_lead_limit(server: str) -> None:
+    """The simulated talker makes a frame (80 ms of speech) every 14 ms: unchecked, it would be
+    ~40 s of speech ahead after 3 s. The session stops reading at its lead limit (2 s by
+    default), the runtime's per-request credits hold code2wav and then the talker."""
+
+    async def body() -> None:
+        async with connect(server) as conn:
+            await short_answers(
+                conn, max_output_tokens=400, audio={"input": {"turn_detection": None}}
+            )
+            await send_audio(conn, np.zeros(4800, np.float32))
+            await conn.send({"type": "input_audio_buffer.commit"})
+            await until(conn, "input_audio_buffer.committed")
+            t0 = time.monotonic()
+            await conn.send({"type": "response.create"})
+            await until(conn, "response.output_audio.delta")
+            await asyncio.sleep(3.0)
+            status, body = await asyncio.to_thread(_get, f"{server}/v1/stats?since={t0}")
+            assert status == 200, body
+            frames = json.loads(body)["steps_since"]["talker_ar"]
+            elapsed = time.monotonic() - t0
+            # Frames of 80 ms: played so far, the 2 s lead (25), 4 in flight to code2wav, up to
+            # 4 buffered in it, 2 chunks of 4 for the listener, one chunk read past the lead,
+            # the step in progress. Unchecked it would be elapsed / 14 ms, about 230.
+            allowed = elapsed / 0.08 + 25 + 4 + 4 + 8 + 4 + 1
+            assert 10 < frames <= allowed < elapsed / 0.014, (frames, allowed)
+            await conn.send({"type": "response.cancel"})
+            assert (await until(conn, "response.done")).response.status == "cancelled"
+
+    run(body())
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.status, r.read().decode()
