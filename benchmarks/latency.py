@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from realtime_omni.gateway.audio import resample  # noqa: E402
-from realtime_omni.gateway.webrtc_client import Caller, http  # noqa: E402
+from realtime_omni.gateway.webrtc_client import Caller, espeak, http  # noqa: E402
 
 CONFIGS = {
     "simulated": ROOT / "configs/simulated-qwen3-omni.yaml",
@@ -110,14 +107,10 @@ def serve(config: str, port: int) -> None:
 
 
 def speech_48k() -> np.ndarray:
-    if shutil.which("espeak-ng") is None:
+    spoken = espeak("Hello, how are you today?")
+    if spoken is None:
         sys.exit("espeak-ng is not installed (apt-get install espeak-ng)")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "s.wav"
-        subprocess.run(["espeak-ng", "-w", str(path), "Hello, how are you today?"], check=True)
-        with wave.open(str(path)) as w:
-            rate = w.getframerate()
-            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    x, rate = spoken
     loud = np.flatnonzero(np.abs(x) > 0.01)
     return resample(x[: loud[-1] + 1], rate, 48000)  # end where the voice ends
 

@@ -133,6 +133,8 @@ def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int)
         conn.send(bind(inbox, inbox_at))
         acks.connect(ack_to)
         while os.getppid() == parent_pid:  # not orphaned
+            if not inbox.poll(1000):
+                continue
             frame = inbox.recv()
             t1 = time.monotonic_ns()
             if len(frame) == 8:  # no payload: stop

@@ -7,6 +7,8 @@
     caller.frames                           # (arrival monotonic s, peak |x|) per received frame
     await caller.hang_up()
 
+`espeak(text)` gives speech to send (espeak-ng, float32 mono at its own rate), None without it.
+
 It does what a browser page does: an audio track, the "oai-events" data channel, an offer with
 every candidate (it waits for ICE gathering) posted to `/v1/webrtc/offer` or `/v1/whip`.
 `loopback=True` offers only 127.0.0.1 as a host candidate (process-wide, see `ice.py`).
@@ -18,10 +20,15 @@ import asyncio
 import contextlib
 import fractions
 import json
+import shutil
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
+import wave
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -197,3 +204,16 @@ class Caller:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def espeak(text: str) -> tuple[np.ndarray, int] | None:
+    """`text` spoken by espeak-ng: (float32 mono samples, rate_hz), or None if not installed."""
+    if shutil.which("espeak-ng") is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "speech.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), text], check=True)
+        with wave.open(str(path)) as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    return pcm.astype(np.float32) / 32768, rate

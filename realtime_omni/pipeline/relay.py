@@ -24,7 +24,6 @@ from functools import cache
 from typing import Any
 
 import ml_dtypes
-import msgspec
 import numpy as np
 
 from realtime_omni.errors import PayloadTooLarge, RequestError
@@ -274,10 +273,3 @@ def copy_payload(payload: Payload) -> Payload:
         k: (np.array(v) if isinstance(v, np.ndarray) else v.clone() if _is_cuda(v) else v)
         for k, v in payload.items()
     }
-
-
-def check_meta(meta: dict[str, Any], edge: str) -> None:
-    try:
-        msgspec.msgpack.encode(meta)
-    except TypeError as e:
-        raise RequestError(f"payload on edge {edge}: {e}; metadata must be plain values") from None

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-import wave
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.webrtc_client import espeak
 from tests.conftest import ROOT, timeout
 
 MAX_SESSIONS = 3
@@ -78,12 +75,8 @@ def server() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def speech() -> np.ndarray:
     """'Hello, how are you today?' spoken by espeak-ng, 24 kHz float32 (pcm16's rate)."""
-    if shutil.which("espeak-ng") is None:
+    spoken = espeak("Hello, how are you today?")
+    if spoken is None:
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); silero needs speech")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "s.wav"
-        subprocess.run(["espeak-ng", "-w", str(path), "Hello, how are you today?"], check=True)
-        with wave.open(str(path)) as w:
-            rate = w.getframerate()
-            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    x, rate = spoken
     return resample(x, rate, 24000)
