@@ -1,11 +1,13 @@
 """The OpenAI Realtime protocol's data: session settings (GA nested and beta flat shapes), audio
-formats, error events and the beta names of server events. No I/O.
+formats, conversation items from `conversation.item.create`, error events and the beta names
+of server events. No I/O.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -13,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from realtime_omni.gateway import audio
+from realtime_omni.gateway.conversation import Item, Part, new_id
+from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
 from realtime_omni.gateway.vad import VadParams
 
 
@@ -273,3 +277,58 @@ def for_beta(event: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(part, dict) and part.get("type") == "output_audio":
         event = dict(event, part=dict(part, type="audio"))
     return event
+
+
+MAX_IMAGE_SIDE = 1280  # larger images are scaled down before they join the conversation
+
+
+def parse_item(spec: Any, input_format: AudioFormat) -> Item:
+    """The `item` of a `conversation.item.create`: a message of text, audio (in the session's
+    input format, resampled to the VAD's 16 kHz) and images (data: URLs)."""
+    if not isinstance(spec, dict) or spec.get("type", "message") != "message":
+        raise ProtocolError("item must be an object of type message", param="item")
+    role = spec.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise ProtocolError(f"item.role = {role!r}: user, assistant or system", param="item.role")
+    content = spec.get("content")
+    if not isinstance(content, list) or not content:
+        raise ProtocolError("item.content must be a non-empty list", param="item.content")
+    item = Item(spec.get("id") or new_id("item"), role)
+    for i, c in enumerate(content):
+        part = _parse_part(c, f"item.content[{i}]", input_format)
+        if role == "assistant" and part.kind == "text":
+            item.add_text(0.0, part.text)
+        else:
+            item.parts.append(part)
+    return item
+
+
+def _parse_part(c: Any, param: str, input_format: AudioFormat) -> Part:
+    kind = c.get("type") if isinstance(c, dict) else None
+    if kind in ("input_text", "text", "output_text"):
+        if not isinstance(c.get("text"), str):
+            raise ProtocolError(f"{param}.text must be a string", param=param)
+        return Part("text", text=c["text"])
+    if kind == "input_audio":
+        pcm = input_format.decode(decode_b64(c.get("audio"), f"{param}.audio"))
+        r = audio.Resampler(input_format.rate_hz, VAD_RATE_HZ)
+        return Part("audio", audio=np.concatenate([r.process(pcm), r.flush()]))
+    if kind == "input_image":
+        return Part("image", image=_decode_image(c.get("image_url"), f"{param}.image_url"))
+    raise ProtocolError(
+        f"{param}.type = {kind!r}: use input_text, input_audio or input_image", param=param
+    )
+
+
+def _decode_image(url: Any, param: str) -> np.ndarray:
+    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
+        raise ProtocolError(f"{param} must be a data: URL (base64 PNG or JPEG)", param=param)
+    from PIL import Image, UnidentifiedImageError
+
+    raw = decode_b64(url.split(",", 1)[1], param)
+    try:
+        img = Image.open(io.BytesIO(raw)).convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise ProtocolError(f"{param}: not an image ({e})", param=param) from None
+    img.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
+    return np.asarray(img, np.uint8).copy()

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import time
 from collections import deque
@@ -54,21 +53,21 @@ import numpy as np
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.conversation import Conversation, Item, Part, new_id
+from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
 from realtime_omni.gateway.protocol import (
     ProtocolError,
     Settings,
     apply_session_update,
     decode_b64,
+    parse_item,
 )
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad, SpeechStarted, Windower
 
 log = logging.getLogger(__name__)
 
 MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
-MAX_INPUT_MS = 120_000  # input buffer limit; older audio is dropped past it
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
-MAX_IMAGE_SIDE = 1280  # larger images are scaled down before they join the conversation
 _METRIC_LEN = 1000  # samples kept per metric
 
 
@@ -136,10 +135,7 @@ class Session:
         self._vad_samples = 0  # input samples the VAD has judged
         self._turn_item_id: str | None = None  # the user item a detected speech will become
         self._turn_start_ms = 0
-        self._in_resamplers: dict[int, Resampler] = {}
-        self._input: list[np.ndarray] = []  # 16 kHz chunks
-        self._input_start = 0  # absolute sample index of _input[0][0]
-        self._input_end = 0  # absolute sample index after the last sample
+        self.input = InputBuffer()
         self._response: _Response | None = None
         self._item_response: dict[str, str] = {}  # item_id -> response id, while active
         self._barge_at: float | None = None  # when a barge-in flushed the queue
@@ -196,46 +192,17 @@ class Session:
     # ---- audio in ----------------------------------------------------------------------
 
     def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
-        x = np.asarray(pcm)
-        x = x.astype(np.float32) / 32768.0 if x.dtype == np.int16 else x.astype(np.float32)
-        x = x.reshape(-1)
-        if rate_hz != SAMPLE_RATE_HZ:
-            r = self._in_resamplers.get(rate_hz)
-            if r is None:
-                r = self._in_resamplers[rate_hz] = Resampler(rate_hz, SAMPLE_RATE_HZ)
-            x = r.process(x)
-        if not len(x):
-            return
-        self._input.append(x)
-        self._input_end += len(x)
-        limit = MAX_INPUT_MS * SAMPLE_RATE_HZ // 1000
-        while self._input_end - self._input_start - len(self._input[0]) >= limit:
-            self._input_start += len(self._input.pop(0))
-        if self.settings.turn_detection is not None:
+        x = self.input.push(pcm, rate_hz)
+        if len(x) and self.settings.turn_detection is not None:
             self._vad_pending.append(x)
             self._vad_wake.set()
 
-    def _input_slice(self, start: int, end: int) -> np.ndarray:
-        """Input samples [start, end) (absolute indices), what of them is still buffered."""
-        out, pos = [], self._input_start
-        for c in self._input:
-            a, b = max(start, pos), min(end, pos + len(c))
-            if a < b:
-                out.append(c[a - pos : b - pos])
-            pos += len(c)
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
-
-    def _trim_input(self, keep_from: int) -> None:
-        while self._input and self._input_start + len(self._input[0]) <= keep_from:
-            self._input_start += len(self._input.pop(0))
-
     def _clear_input(self) -> None:
-        self._input.clear()
-        self._input_start = self._input_end
+        self.input.clear()
         self._vad_pending.clear()
-        self._vad_samples = self._input_end
+        self._vad_samples = self.input.end
         self._vad = ServerVad(self._vad.params)
-        self._vad.elapsed_ms = self._input_end * 1000 / SAMPLE_RATE_HZ
+        self._vad.elapsed_ms = self.input.end * 1000 / SAMPLE_RATE_HZ
         self._windower = Windower()
         self._turn_item_id = None
         if self._vad_model is not None:
@@ -257,7 +224,7 @@ class Session:
                     self._on_vad(ev)
             if not self._vad.speaking and self.settings.turn_detection is not None:
                 pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
-                self._trim_input(self._vad_samples - pad - len(windows[0]))
+                self.input.trim(self._vad_samples - pad - len(windows[0]))
 
     def feed_vad(self, prob: float) -> None:
         """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
@@ -286,8 +253,8 @@ class Session:
         )
         start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
         end = ev.audio_end_ms * SAMPLE_RATE_HZ // 1000
-        pcm = self._input_slice(start, end)
-        self._trim_input(end)
+        pcm = self.input.slice(start, end)
+        self.input.trim(end)
         self._turn_item_id = None
         self._commit_audio(pcm, item_id)
         if td.create_response and self._response is None:
@@ -515,7 +482,7 @@ class Session:
         self.push_audio(fmt.decode(data), fmt.rate_hz)
 
     async def _commit(self, ev: dict[str, Any]) -> None:
-        pcm = self._input_slice(self._input_start, self._input_end)
+        pcm = self.input.slice(self.input.start, self.input.end)
         if len(pcm) * 1000 < MIN_COMMIT_MS * SAMPLE_RATE_HZ:
             raise ProtocolError(
                 f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, "
@@ -535,24 +502,7 @@ class Session:
         self._emit("output_audio_buffer.cleared", response_id=self.active_response)
 
     async def _item_create(self, ev: dict[str, Any]) -> None:
-        spec = ev.get("item")
-        if not isinstance(spec, dict) or spec.get("type", "message") != "message":
-            raise ProtocolError("item must be an object of type message", param="item")
-        role = spec.get("role")
-        if role not in ("user", "assistant", "system"):
-            raise ProtocolError(
-                f"item.role = {role!r}: user, assistant or system", param="item.role"
-            )
-        content = spec.get("content")
-        if not isinstance(content, list) or not content:
-            raise ProtocolError("item.content must be a non-empty list", param="item.content")
-        item = Item(spec.get("id") or new_id("item"), role)
-        for i, c in enumerate(content):
-            item_part = self._parse_part(c, f"item.content[{i}]")
-            if role == "assistant" and item_part.kind == "text":
-                item.add_text(0.0, item_part.text)
-            else:
-                item.parts.append(item_part)
+        item = parse_item(ev.get("item"), self.settings.input_format)
         prev = ev.get("previous_item_id")
         try:
             prev = self.conversation.add(item, prev)
@@ -563,23 +513,6 @@ class Session:
                 param="previous_item_id",
             ) from None
         self._emit_item_added(item, prev)
-
-    def _parse_part(self, c: Any, param: str) -> Part:
-        kind = c.get("type") if isinstance(c, dict) else None
-        if kind in ("input_text", "text", "output_text"):
-            if not isinstance(c.get("text"), str):
-                raise ProtocolError(f"{param}.text must be a string", param=param)
-            return Part("text", text=c["text"])
-        if kind == "input_audio":
-            fmt = self.settings.input_format
-            pcm = fmt.decode(decode_b64(c.get("audio"), f"{param}.audio"))
-            r = Resampler(fmt.rate_hz, SAMPLE_RATE_HZ)
-            return Part("audio", audio=np.concatenate([r.process(pcm), r.flush()]))
-        if kind == "input_image":
-            return Part("image", image=_decode_image(c.get("image_url"), f"{param}.image_url"))
-        raise ProtocolError(
-            f"{param}.type = {kind!r}: use input_text, input_audio or input_image", param=param
-        )
 
     async def _item_truncate(self, ev: dict[str, Any]) -> None:
         item_id, ms = ev.get("item_id"), ev.get("audio_end_ms")
@@ -638,20 +571,6 @@ class Session:
                 "Cancellation failed: no active response found", code="response_cancel_not_active"
             )
         await self.cancel_response("client_cancelled")
-
-
-def _decode_image(url: Any, param: str) -> np.ndarray:
-    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
-        raise ProtocolError(f"{param} must be a data: URL (base64 PNG or JPEG)", param=param)
-    from PIL import Image, UnidentifiedImageError
-
-    raw = decode_b64(url.split(",", 1)[1], param)
-    try:
-        img = Image.open(io.BytesIO(raw)).convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise ProtocolError(f"{param}: not an image ({e})", param=param) from None
-    img.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
-    return np.asarray(img, np.uint8).copy()
 
 
 _HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {

@@ -1,0 +1,61 @@
+"""The person's audio waiting to become a turn: 16 kHz float32 samples on an absolute sample
+index, so the VAD's speech start and stop (in ms since the buffer began) can be cut out of it.
+No I/O, no asyncio.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from realtime_omni.gateway.audio import Resampler
+from realtime_omni.gateway.vad import SAMPLE_RATE_HZ
+
+MAX_INPUT_MS = 120_000  # older audio is dropped past this
+
+
+class InputBuffer:
+    """Samples [`start`, `end`) at `SAMPLE_RATE_HZ`, held at most `max_ms` back from `end`."""
+
+    def __init__(self, max_ms: int = MAX_INPUT_MS) -> None:
+        self.max_samples = max_ms * SAMPLE_RATE_HZ // 1000
+        self._chunks: list[np.ndarray] = []
+        self.start = 0  # absolute index of the first sample still held
+        self.end = 0  # absolute index after the last sample
+        self._resamplers: dict[int, Resampler] = {}  # one per input rate: they keep filter state
+
+    def push(self, pcm: np.ndarray, rate_hz: int) -> np.ndarray:
+        """Append audio at any rate, float32 [-1, 1] or int16; gives what was appended."""
+        x = np.asarray(pcm)
+        x = x.astype(np.float32) / 32768.0 if x.dtype == np.int16 else x.astype(np.float32)
+        x = x.reshape(-1)
+        if rate_hz != SAMPLE_RATE_HZ:
+            r = self._resamplers.get(rate_hz)
+            if r is None:
+                r = self._resamplers[rate_hz] = Resampler(rate_hz, SAMPLE_RATE_HZ)
+            x = r.process(x)
+        if not len(x):
+            return x
+        self._chunks.append(x)
+        self.end += len(x)
+        while self.end - self.start - len(self._chunks[0]) >= self.max_samples:
+            self.start += len(self._chunks.pop(0))
+        return x
+
+    def slice(self, start: int, end: int) -> np.ndarray:
+        """Samples [start, end) (absolute indices), what of them is still held."""
+        out, pos = [], self.start
+        for c in self._chunks:
+            a, b = max(start, pos), min(end, pos + len(c))
+            if a < b:
+                out.append(c[a - pos : b - pos])
+            pos += len(c)
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def trim(self, keep_from: int) -> None:
+        """Drop whole chunks that end before `keep_from`."""
+        while self._chunks and self.start + len(self._chunks[0]) <= keep_from:
+            self.start += len(self._chunks.pop(0))
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self.start = self.end
