@@ -5,15 +5,20 @@ camera in.
     await pump_audio(remote_audio, session)   # until the remote track ends
     await pump_video(remote_video, session)   # latest frame only, at most `VIDEO_FPS` converted
 
-`PlayoutTrack.recv` returns 20 ms 48 kHz mono s16 frames read from `Session.read_output` (at
-24 kHz, the vocoder's rate, upsampled by libswresample as the frame leaves), frame
-`i` due at `start + i * 20 ms` on the monotonic clock (pts `i * 960`: a sample counter, so the
-schedule never drifts). The read happens right before the frame is handed to aiortc, so the
-session's `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits
-for its due time, with one exception: while silence is leaving (the queue ran dry), audio written
-wakes the track and the frame leaves at once, up to one frame early, so the first frame of an
-answer does not wait out the rest of a silent frame's period. A barge-in flushes the queue; the
-next frame to leave, at most one frame period later, is silence.
+`PlayoutTrack.recv` returns 20 ms mono s16 frames read from `Session.read_output` at the
+vocoder's 24 kHz, frame `i` due at `start + i * 20 ms` on the monotonic clock (pts `i * 480`: a
+sample counter, so the schedule never drifts). aiortc's Opus encoder takes them to 48 kHz stereo
+with its own libswresample pass, which it runs on every frame whatever its rate.
+
+The read happens right before the frame is handed to aiortc, so the session's
+`token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits for its
+due time, with one exception: once the queue has run dry (silence is leaving, or the last frame
+took the last queued sample), a frame's worth of audio written wakes the track and the frame
+leaves at once, up to one frame early, so new audio does not wait out the rest of a frame
+period: neither an answer's first frame nor a chunk that comes just after the previous one ran
+out. The RTP timestamps stay on the sample clock; the listener's jitter buffer absorbs a frame
+arriving early. A barge-in flushes the queue; the next frame to leave, at most one frame period
+later, is silence.
 """
 
 from __future__ import annotations
@@ -37,11 +42,11 @@ from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
 
 log = logging.getLogger(__name__)
 
-RATE_HZ = 48000
+RATE_HZ = 48000  # Opus on the wire
 FRAME_SAMPLES = 960  # 20 ms
 FRAME_S = FRAME_SAMPLES / RATE_HZ
-# The session's playout runs at the vocoder's rate (no numpy resampling of the answer in the event
-# loop); each frame is upsampled to 48 kHz in C as it leaves.
+# The session's playout and the track run at the vocoder's rate: no resampling of the answer in
+# the event loop.
 PLAYOUT_RATE_HZ = MODEL_RATE_HZ
 PLAYOUT_FRAME_SAMPLES = round(FRAME_S * PLAYOUT_RATE_HZ)
 MAX_BEHIND_S = 0.2  # further behind the schedule than this (a stalled loop), start it anew
@@ -67,17 +72,15 @@ class PlayoutTrack(MediaStreamTrack):
         super().__init__()
         self.session = session
         self.on_event = on_event
-        self.frames = 0  # frames handed to aiortc; the next one's pts is frames * FRAME_SAMPLES
+        self.frames = 0  # frames handed to aiortc (the pts counts their samples)
         self.frames_late = 0
         self.resyncs = 0
         self.chunk_log: deque[tuple[float, float]] = deque(maxlen=_LOG_LEN)
         self.lateness_ms: deque[float] = deque(maxlen=_LOG_LEN)  # left - due, recent frames
         self._start: float | None = None
-        self._idle = True  # the last frame was silence
+        self._dry = True  # the queue was empty when the last frame left
         self._playing: tuple[str, str | None] | None = None  # (item_id, response_id) on the wire
-        self._time_base = fractions.Fraction(1, RATE_HZ)
-        self._up = AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
-        self._carry = np.zeros(0, np.int16)
+        self._time_base = fractions.Fraction(1, PLAYOUT_RATE_HZ)
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -100,36 +103,23 @@ class PlayoutTrack(MediaStreamTrack):
         for cs in r.chunk_starts:
             if cs.queue_was_empty:
                 self.chunk_log.append((cs.token_time, left))
-        frame = AudioFrame.from_ndarray(
-            self._upsample(r.pcm).reshape(1, -1), format="s16", layout="mono"
-        )
-        frame.sample_rate = RATE_HZ
-        frame.pts = self.frames * FRAME_SAMPLES
+        pcm16 = (np.clip(r.pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
+        frame = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
+        frame.sample_rate = PLAYOUT_RATE_HZ
+        frame.pts = self.frames * PLAYOUT_FRAME_SAMPLES
         frame.time_base = self._time_base
         self.frames += 1
-        self._idle = not r.items
+        self._dry = self.session.playout.queued == 0
         self._note_playing(r.items[0][0] if r.items else None)
         return frame
-
-    def _upsample(self, pcm: np.ndarray) -> np.ndarray:
-        """`PLAYOUT_RATE_HZ` float samples -> one 48 kHz int16 frame, by libswresample."""
-        pcm16 = (np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
-        f = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
-        f.sample_rate = PLAYOUT_RATE_HZ
-        out = [self._carry, *(o.to_ndarray().reshape(-1) for o in self._up.resample(f))]
-        buf = np.concatenate(out)
-        if len(buf) < FRAME_SAMPLES:  # the first frame: the filter's delay, < 1 ms, as silence
-            buf = np.concatenate([np.zeros(FRAME_SAMPLES - len(buf), np.int16), buf])
-        self._carry = buf[FRAME_SAMPLES:]
-        return buf[:FRAME_SAMPLES]
 
     async def _wait(self, due: float) -> None:
         s = self.session
         while (now := time.monotonic()) < due:
-            if not self._idle or now < due - FRAME_S:
-                await asyncio.sleep(due - now if not self._idle else due - FRAME_S - now)
+            if not self._dry or now < due - FRAME_S:
+                await asyncio.sleep(due - now if not self._dry else due - FRAME_S - now)
                 continue
-            if s.playout.queued:  # an answer starts: its first frame leaves now
+            if s.playout.queued >= PLAYOUT_FRAME_SAMPLES:  # new audio on a dry queue: go now
                 return
             s.audio_written.clear()
             with contextlib.suppress(TimeoutError):
