@@ -2,7 +2,7 @@
 
 Debian's chromium (apt; `.ci/run` installs it) driven by Playwright with an explicit
 `executable_path`: Playwright's own browser downloads cannot work here. The page's observable
-state is `window.omni` (see web/app.js).
+state is `window.omni` (see web/page.js).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 
 from tests.conftest import timeout
 
@@ -68,7 +68,15 @@ def test_demo_page_calls_hears_and_hangs_up(server: str, mic_wav: Path, tmp_path
             page = browser.new_page(viewport={"width": 1280, "height": 860})
             page_errors: list[str] = []
             page.on("pageerror", lambda e: page_errors.append(str(e)))
+
+            def on_console(message: ConsoleMessage) -> None:
+                # A module that fails to load (a 404, a wrong MIME type) is only a console error.
+                if message.type == "error":
+                    page_errors.append(f"console: {message.text}")
+
+            page.on("console", on_console)
             page.goto(server)
+            assert page.evaluate("'omni' in window"), f"the page did not start: {page_errors}"
             page.select_option("#voice", "ethan")  # sent as session.update once connected
 
             page.click("#connect")
