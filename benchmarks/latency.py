@@ -1,5 +1,5 @@
 """Gateway latency over a WebRTC loopback call: token -> audio leaving, first audio, barge-in,
-abort, and late output frames with 1, 4 and 16 concurrent calls.
+abort, and late output frames with 1, 4 and 16 (`--sessions`) concurrent calls.
 
 For each config the script starts a server (this script in `--serve` mode: the real app on
 uvicorn in its own process, plus a `/bench/raw` route that hands over the raw timings) and calls
@@ -13,11 +13,12 @@ into its microphone track in real time:
   token and the frame, from the stages' step logs); speech stop detected -> first frame out;
   barge-in detected -> first silent frame out; abort acknowledged by every stage. Measured on the
   caller: end of its speech (the last sample sent) -> first audible frame received.
-- n = 1, 4, 16 calls at once for `--seconds` each, every call talking and cancelling answers:
-  the share of output frames that left more than one frame period after their due time.
+- n = 1, 4, 16 calls (`--sessions`) at once for `--seconds` each, every call talking and
+  cancelling answers: the share of output frames that left more than one frame period after
+  their due time.
 
     python benchmarks/latency.py [--configs simulated,tiny] [--turns 8] [--seconds 10]
-                                 [--json PATH]
+                                 [--sessions 1,4,16] [--json PATH]
 """
 
 from __future__ import annotations
@@ -220,7 +221,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(name: str, turns: int, seconds: float, speech: np.ndarray) -> dict[str, Any]:
+def measure(
+    name: str, turns: int, seconds: float, sessions: list[int], speech: np.ndarray
+) -> dict[str, Any]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(CONFIGS[name]), "--port", str(port)],
@@ -240,11 +243,11 @@ def measure(name: str, turns: int, seconds: float, speech: np.ndarray) -> dict[s
         tta = [(left - t) * 1e3 for t, left in raw["chunks"]]
         over = [(left - t) * 1e3 - compute_ms(steps, t, left) for t, left in raw["chunks"]]
         m = raw["metrics"]
-        sessions = []
-        for n in (1, 4, 16):
+        late = []
+        for n in sessions:
             print(f"  {name}: {n} concurrent calls ...", file=sys.stderr, flush=True)
             ratio = asyncio.run(concurrent(url, speech, n, seconds, tokens))
-            sessions.append({"n": n, "late_frame_ratio": round(ratio, 5)})
+            late.append({"n": n, "late_frame_ratio": round(ratio, 5)})
         return {
             "config": name,
             "token_to_audio_ms": pct(tta),
@@ -253,7 +256,7 @@ def measure(name: str, turns: int, seconds: float, speech: np.ndarray) -> dict[s
             "speech_end_to_heard_ms": pct(one["heard_ms"]),
             "barge_in_to_silence_ms": pct(m.get("barge_in_to_silence_ms", [])),
             "abort_ack_ms": pct(m.get("abort_ms", [])),
-            "sessions": sessions,
+            "sessions": late,
         }
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -277,6 +280,9 @@ def main() -> None:
     parser.add_argument("--configs", default="simulated,tiny")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=10.0, help="per concurrency level")
+    parser.add_argument(
+        "--sessions", default="1,4,16", help="concurrent calls, one level after another"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -284,11 +290,12 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port)
         return
+    sessions = [int(n) for n in args.sessions.split(",")]
     speech = speech_48k()
     runs = []
     for name in args.configs.split(","):
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
-        runs.append(measure(name, args.turns, args.seconds, speech))
+        runs.append(measure(name, args.turns, args.seconds, sessions, speech))
     rows = [
         ("token_to_audio_ms", "thinker token -> its audio leaving (raw)"),
         ("token_to_audio_over_compute_ms", "  the same minus talker+code2wav compute"),

@@ -6,11 +6,13 @@
     t, ev = await caller.wait_for("response.done", limit_s=15)
     caller.frames                           # (arrival monotonic s, peak |x|) per received frame
     await caller.hang_up()
+    Caller(url, camera=Camera((220, 120, 30)))  # a video track too; set `.rgb` to change it
 
 `espeak(text)` gives speech to send (espeak-ng, float32 mono at its own rate), None without it.
 
-It does what a browser page does: an audio track, the "oai-events" data channel, an offer with
-every candidate (it waits for ICE gathering) posted to `/v1/webrtc/offer` or `/v1/whip`.
+It does what a browser page does: an audio track (a camera's too, when given), the "oai-events"
+data channel, an offer with every candidate (it waits for ICE gathering) posted to
+`/v1/webrtc/offer` or `/v1/whip`.
 `loopback=True` offers only 127.0.0.1 as a host candidate (process-wide, see `ice.py`).
 """
 
@@ -34,11 +36,13 @@ from typing import Any
 import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+from av import AudioFrame, VideoFrame
 
 from realtime_omni.gateway.ice import LOOPBACK, use_host_addresses
 from realtime_omni.gateway.webrtc import EVENTS_LABEL
 from realtime_omni.gateway.webrtc_media import FRAME_S, FRAME_SAMPLES, RATE_HZ, frame_to_mono
+
+VIDEO_CLOCK_HZ = 90000  # RTP's video clock
 
 
 def http(
@@ -105,10 +109,44 @@ class Microphone(MediaStreamTrack):
         return frame
 
 
-class Caller:
-    """One call to the gateway at `base_url`."""
+class Camera(MediaStreamTrack):
+    """`fps` generated frames a second in real time: `width` x `height` of one colour, `rgb`,
+    which may be changed between frames."""
 
-    def __init__(self, base_url: str, loopback: bool = True) -> None:
+    kind = "video"
+
+    def __init__(
+        self, rgb: tuple[int, int, int], width: int = 320, height: int = 240, fps: float = 10.0
+    ) -> None:
+        super().__init__()
+        self.rgb = rgb
+        self.width, self.height, self.fps = width, height, fps
+        self._start: float | None = None
+        self._frames = 0
+
+    async def recv(self) -> VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        wait = self._start + self._frames / self.fps - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        image = np.empty((self.height, self.width, 3), np.uint8)
+        image[:] = self.rgb
+        frame = VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts = round(self._frames * VIDEO_CLOCK_HZ / self.fps)
+        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK_HZ)
+        self._frames += 1
+        return frame
+
+
+class Caller:
+    """One call to the gateway at `base_url`; with `camera`, a video track too."""
+
+    def __init__(
+        self, base_url: str, loopback: bool = True, camera: MediaStreamTrack | None = None
+    ) -> None:
         if loopback:
             use_host_addresses([LOOPBACK])
         self.base_url = base_url.rstrip("/")
@@ -124,6 +162,9 @@ class Caller:
         self.channel.on("message", self._on_message)
         self.pc.on("track", self._on_track)
         self.pc.addTrack(self.mic)
+        self.camera = camera
+        if camera is not None:
+            self.pc.addTrack(camera)
 
     def _on_message(self, raw: str | bytes) -> None:
         self.events.append((time.monotonic(), json.loads(raw)))

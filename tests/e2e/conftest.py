@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,11 +29,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(*args: str) -> Iterator[str]:
-    """`realtime-omni serve` with the simulated config on a free port, `args` added; yields its
-    URL, and checks on the way out that SIGTERM left no shared memory behind."""
+def serving(*args: str, config: Path | None = None) -> Iterator[str]:
+    """`realtime-omni serve` with `config` (default: the simulated one) on a free port, `args`
+    added; yields its URL, and checks on the way out that SIGTERM left no shared memory behind."""
     port = _free_port()
-    config = str(ROOT / "configs" / "simulated-qwen3-omni.yaml")
+    config = config or ROOT / "configs" / "simulated-qwen3-omni.yaml"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -42,7 +43,7 @@ def serving(*args: str) -> Iterator[str]:
             "--port",
             str(port),
             "--config",
-            config,
+            str(config),
             *args,
         ],
         stdout=subprocess.PIPE,
