@@ -12,6 +12,7 @@ environment) or on another host by `realtime-omni stage` with the same config.
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections import deque
@@ -36,7 +37,7 @@ from realtime_omni.pipeline.stage import Stage
 SNDHWM = 100_000
 MAX_DRAIN = 1000  # messages read per loop turn before stepping the stages again
 STEP_LOG = 512  # executor steps remembered per stage (start, duration) for Stats
-CONTROL_POLL_S = 0.001  # how often the inbox is read while a model step runs
+CONTROL_WAIT_S = 0.05  # the control thread's longest wait on the inbox between checks
 ARGS_ENV = "RTO_WORKER_ARGS"  # how the coordinator passes WorkerArgs to a process it starts
 
 
@@ -194,7 +195,8 @@ class Worker:
         poller.register(self.inbox, zmq.POLLIN)
         beat_every = self.cfg.runtime.heartbeat_interval_s
         next_beat = time.monotonic() + beat_every
-        control = threading.Thread(target=self._control, name="rto-control", daemon=True)
+        fd = self.inbox.getsockopt(zmq.FD)
+        control = threading.Thread(target=self._control, args=(fd,), name="control", daemon=True)
         self._lock.acquire()
         control.start()
         try:
@@ -219,15 +221,22 @@ class Worker:
             control.join()
             self.close()
 
-    def _control(self) -> None:
-        """While a stage steps, read the inbox every `CONTROL_POLL_S` (under the lock)."""
+    def _control(self, fd: int) -> None:
+        """While a stage steps, drain the inbox (under the lock) as soon as a message arrives.
+
+        It waits in `select` on the socket's file descriptor, which touches no ZMQ state, so
+        the wait needs no lock; ZMQ signals that descriptor on every change of the socket's
+        events after `zmq.EVENTS` was read, which is why it is read before each wait."""
         while self.running:
             if not self._stepping.wait(timeout=0.2):
                 continue
-            time.sleep(CONTROL_POLL_S)
             with self._lock:
-                if self._stepping.is_set() and self.running:
+                if not (self._stepping.is_set() and self.running):
+                    continue
+                if self.inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     self._drain()
+                    continue
+            select.select([fd], [], [], CONTROL_WAIT_S)
 
     def _step(self, stage: Stage) -> list[Emit]:
         """Run one executor step with the lock released (see `run`). Aborts that arrive

@@ -149,6 +149,24 @@ def test_abort_mid_stream_is_acknowledged_by_every_stage() -> None:
     run(body())
 
 
+def test_an_abort_is_acknowledged_while_a_long_step_runs() -> None:
+    """The thinker's prefill takes 4 s; the abort must not wait for it to end."""
+    cfg = simulated_config()
+    cfg["stages"]["thinker"]["params"]["first_step_ms"] = 4000
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            stream = await coord.submit({"max_tokens": 5})
+            await asyncio.sleep(0.5)  # preprocessing and encoders done: the prefill runs
+            t0 = time.monotonic()
+            await coord.abort(stream.request_id)
+            took = time.monotonic() - t0
+            assert took < 1.5, f"the abort waited {took:.2f} s, as if for the step to end"
+            await all_slots_free(coord)
+
+    run(body())
+
+
 def test_sigkill_of_a_stage_fails_its_requests_and_the_stage_comes_back() -> None:
     async def body() -> None:
         start_segments = len(list_segments(os.getpid()))
