@@ -227,7 +227,7 @@ def run_zmq(
         slot = outlet.acquire("bench", "receiver")
         assert slot is not None, "the previous payload's slot was not acked"
         msg, frames = outlet.pack("bench", slot, payload, {})
-        out.send_multipart([m.encode(msg), *frames], copy=False)
+        m.send(out, msg, frames)
 
     try:
         proc.start()

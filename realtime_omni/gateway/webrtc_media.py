@@ -175,12 +175,14 @@ async def pump_audio(track: MediaStreamTrack, session: Session) -> None:
 
 async def pump_video(track: MediaStreamTrack, session: Session, fps: float = VIDEO_FPS) -> None:
     """Keep the session's video frame the latest camera frame, converted at most `fps` times a
-    second; every frame is still taken off the track (aiortc queues them without limit)."""
+    second; every frame is still taken off the track (aiortc queues them without limit). When
+    the track ends (the camera is off) turns carry no image any more."""
     last = -math.inf
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
+            session.set_video_frame(None)
             return
         now = time.monotonic()
         if not isinstance(frame, VideoFrame) or now - last < 1.0 / fps:

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -400,7 +401,7 @@ class Coordinator:
 
     # ---- inbound -----------------------------------------------------------------------
 
-    def _send(self, process: str, msg: m.Message, frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+    def _send(self, process: str, msg: m.Message, frames: Sequence[Any] = ()) -> None:
         assert self.ipc_dir is not None
         sock = self.peers.get(process)
         if sock is None:
@@ -409,7 +410,7 @@ class Coordinator:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self.graph.endpoint(process, self.epochs[process], self.ipc_dir))
             self.peers[process] = sock
-        sock.send_multipart([m.encode(msg), *frames], copy=False)
+        m.send(sock, msg, frames)
 
     async def _receive(self) -> None:
         while True:

@@ -16,6 +16,7 @@ import select
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,10 +170,10 @@ class Worker:
             self.peers[process] = sock
         return sock
 
-    def _send(self, process: str, msg: m.Message, frames: list[Any] = ()) -> None:  # type: ignore[assignment]
+    def _send(self, process: str, msg: m.Message, frames: Sequence[Any] = ()) -> None:
         sock = self._socket(process)
         if sock is not None:
-            sock.send_multipart([m.encode(msg), *frames], copy=False)
+            m.send(sock, msg, frames)
 
     def _to_coordinator(self, msg: m.Message) -> None:
         self._send(m.CLIENT, msg)
