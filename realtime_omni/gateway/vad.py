@@ -8,7 +8,10 @@ windows. `SileroVad` is the model (one per session: it keeps recurrent state).
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,20 +101,30 @@ class Windower:
         return [buf[i * self.size : (i + 1) * self.size] for i in range(n)]
 
 
+@functools.cache
+def _silero_model() -> Any:
+    import torch
+    from silero_vad import load_silero_vad
+
+    torch.set_num_threads(1)  # the gateway's torch does only this; leave cores to stages
+    return load_silero_vad()
+
+
 class SileroVad:
     """silero-vad's model for one stream (it carries state from window to window).
 
-    Loading takes ~0.1 s once torch is imported; `probs` costs ~0.3-5 ms per window on one core,
-    so callers run it off the event loop. Imports torch: only construct it where torch is wanted.
+    The first one loads the model (~0.1 s once torch is imported); the others are copies of it,
+    ~7 ms each: loading holds the GIL throughout, so a caller connecting would stall every other
+    call's audio in the event loop for the whole load. `probs` costs ~0.3-5 ms per window on one
+    core, so callers run it off the event loop. Imports torch: only construct it where torch is
+    wanted.
     """
 
     def __init__(self) -> None:
         import torch
-        from silero_vad import load_silero_vad
 
-        torch.set_num_threads(1)  # the gateway's torch does only this; leave cores to stages
         self._torch = torch
-        self.model = load_silero_vad()
+        self.model = copy.deepcopy(_silero_model())
 
     def probs(self, windows: list[np.ndarray]) -> list[float]:
         with self._torch.inference_mode():

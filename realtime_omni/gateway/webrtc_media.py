@@ -5,10 +5,12 @@ camera in.
     await pump_audio(remote_audio, session)   # until the remote track ends
     await pump_video(remote_video, session)   # latest frame only, at most `VIDEO_FPS` converted
 
-`PlayoutTrack.recv` returns 20 ms mono s16 frames read from `Session.read_output` at the
-vocoder's 24 kHz, frame `i` due at `start + i * 20 ms` on the monotonic clock (pts `i * 480`: a
-sample counter, so the schedule never drifts). aiortc's Opus encoder takes them to 48 kHz stereo
-with its own libswresample pass, which it runs on every frame whatever its rate.
+`PlayoutTrack.recv` returns 20 ms of `Session.read_output` at the vocoder's 24 kHz, already
+encoded as one mono Opus packet, packet `i` due at `start + i * 20 ms` on the monotonic clock
+(pts `i * 480`: a sample counter, so the schedule never drifts). Encoding here, in the loop, costs
+~0.1 ms a frame; handing aiortc raw frames cost ~0.45 ms of CPU a frame (a thread hand-off per
+frame, a resampling pass to 48 kHz stereo, a stereo encode and a per-sample Python loop for the
+RTP audio level), which made the gateway the bottleneck with a few calls on two cores.
 
 The read happens right before the frame is handed to aiortc, so the session's
 `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits for its
@@ -35,7 +37,8 @@ from typing import Any
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame, AudioResampler, VideoFrame
+from av import AudioFrame, AudioResampler, Packet, VideoFrame
+from av.codec import CodecContext
 
 from realtime_omni.gateway.session import MODEL_RATE_HZ, Session
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
@@ -49,6 +52,7 @@ FRAME_S = FRAME_SAMPLES / RATE_HZ
 # the event loop.
 PLAYOUT_RATE_HZ = MODEL_RATE_HZ
 PLAYOUT_FRAME_SAMPLES = round(FRAME_S * PLAYOUT_RATE_HZ)
+OPUS_BIT_RATE = 48000  # mono speech at 24 kHz; the SDP's opus/48000/2 decoders take mono too
 MAX_BEHIND_S = 0.2  # further behind the schedule than this (a stalled loop), start it anew
 VIDEO_FPS = 2.0  # camera frames converted per second; the rest are dropped undecoded-to-RGB
 MAX_VIDEO_SIDE = 1280  # camera frames are scaled down to this before they reach the session
@@ -81,8 +85,9 @@ class PlayoutTrack(MediaStreamTrack):
         self._dry = True  # the queue was empty when the last frame left
         self._playing: tuple[str, str | None] | None = None  # (item_id, response_id) on the wire
         self._time_base = fractions.Fraction(1, PLAYOUT_RATE_HZ)
+        self._opus = _opus_encoder()
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet:
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
@@ -108,10 +113,12 @@ class PlayoutTrack(MediaStreamTrack):
         frame.sample_rate = PLAYOUT_RATE_HZ
         frame.pts = self.frames * PLAYOUT_FRAME_SAMPLES
         frame.time_base = self._time_base
+        # One packet per frame; libopus's 6.5 ms look-ahead only shifts every pts alike.
+        (packet,) = self._opus.encode(frame)
         self.frames += 1
         self._dry = self.session.playout.queued == 0
         self._note_playing(r.items[0][0] if r.items else None)
-        return frame
+        return packet
 
     async def _wait(self, due: float) -> None:
         s = self.session
@@ -139,6 +146,17 @@ class PlayoutTrack(MediaStreamTrack):
     def _event(self, kind: str, response_id: str | None) -> None:
         if self.on_event is not None:
             self.on_event({"type": kind, "response_id": response_id})
+
+
+def _opus_encoder() -> CodecContext:
+    c = CodecContext.create("libopus", "w")
+    c.sample_rate = PLAYOUT_RATE_HZ  # libopus takes 24 kHz as it is; RTP still counts 48 kHz
+    c.layout = "mono"
+    c.format = "s16"
+    c.bit_rate = OPUS_BIT_RATE
+    c.options = {"application": "voip"}
+    c.time_base = fractions.Fraction(1, PLAYOUT_RATE_HZ)
+    return c
 
 
 def frame_to_mono(frame: AudioFrame) -> np.ndarray:
