@@ -60,12 +60,6 @@ class GatewayConfig:
     ice_host_addresses: list[str] | None = None
 
 
-def _silero() -> VadModel:
-    from realtime_omni.gateway.vad import SileroVad
-
-    return SileroVad()
-
-
 class Gateway:
     """The pipeline and the live sessions of one server."""
 
@@ -85,7 +79,7 @@ class Gateway:
         self.coord = coordinator
         self.sessions: set[Session] = set()
         self.metrics: dict[str, deque[float]] = {}  # of closed sessions, as Session.metrics
-        self.vad_factory: Callable[[], VadModel] | None = _silero if self.config.vad else None
+        self.vad_factory: Callable[[], VadModel] | None = None  # set by start()
 
     async def start(self) -> None:
         if self.coord is None:
@@ -93,8 +87,10 @@ class Gateway:
 
             self.coord = Coordinator(self.pipeline)
             await self.coord.start()
-        if self.vad_factory is not None:  # import torch and load once now, not on a first call
-            await asyncio.to_thread(self.vad_factory)
+        if self.config.vad:  # import torch and load the model now, not on a first call
+            from realtime_omni.gateway.vad import SileroVad
+
+            self.vad_factory = (await asyncio.to_thread(SileroVad)).stream
 
     async def close(self) -> None:
         for s in list(self.sessions):

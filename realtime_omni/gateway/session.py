@@ -1,7 +1,7 @@
 """One conversation with one person, whatever the transport.
 
     session = Session(coord, output_rate_hz=48000)   # None: follow the session's output format
-    await session.start()                 # loads the VAD model (in a thread), starts tasks
+    await session.start()                 # takes its VAD stream, starts tasks
     session.push_audio(pcm, rate_hz)      # microphone audio, any rate, float32 [-1, 1] or int16
     session.set_video_frame(rgb)          # latest camera frame, uint8 [H, W, 3], or None
     frame = session.read_output(960)      # exactly n samples at `output_rate`, silence if none
@@ -10,10 +10,10 @@
     await session.close()                 # aborts what is running; safe to call twice
 
 Audio in: `push_audio` never blocks; it resamples to 16 kHz, appends to the input buffer and wakes
-the VAD task (silero on 32 ms windows, in a worker thread). With server VAD on (the default;
-`turn_detection: null` in `session.update` turns it off) a speech stop commits the turn and, with
-`create_response`, starts a response; otherwise the client commits (`input_audio_buffer.commit`)
-and asks (`response.create`).
+the VAD task (silero on 32 ms windows, judged with every other session's in a worker thread). With
+server VAD on (the default; `turn_detection: null` in `session.update` turns it off) a speech stop
+commits the turn and, with `create_response`, starts a response; otherwise the client commits
+(`input_audio_buffer.commit`) and asks (`response.create`).
 
 Audio out: a transport reads at its own clock. A WebRTC track calls `read_output(960)` every
 20 ms at 48 kHz and sends what it gets (silence when nothing is queued). The WebSocket sender
@@ -72,7 +72,7 @@ _METRIC_LEN = 1000  # samples kept per metric
 
 
 class VadModel(Protocol):
-    def probs(self, windows: list[np.ndarray]) -> list[float]: ...
+    async def probs(self, windows: list[np.ndarray]) -> list[float]: ...
     def reset(self) -> None: ...
 
 
@@ -147,7 +147,7 @@ class Session:
 
     async def start(self) -> None:
         if self._vad_factory is not None and self._vad_model is None:
-            self._vad_model = await asyncio.to_thread(self._vad_factory)
+            self._vad_model = self._vad_factory()
         if self._vad_task is None:
             self._vad_task = asyncio.create_task(self._vad_loop())
 
@@ -216,7 +216,7 @@ class Session:
             windows = [w for c in chunks for w in self._windower.push(c)]
             if not windows or self._vad_model is None or self.settings.turn_detection is None:
                 continue
-            probs = await asyncio.to_thread(self._vad_model.probs, windows)
+            probs = await self._vad_model.probs(windows)
             for p in probs:
                 self._vad_samples += len(windows[0])
                 ev = self._vad.feed(p)

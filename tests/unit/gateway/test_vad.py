@@ -48,3 +48,50 @@ def test_windower_cuts_any_chunks_into_512_sample_windows() -> None:
     out = w.push(x[:700]) + w.push(x[700:1100]) + w.push(x[1100:])
     assert [len(a) for a in out] == [512, 512, 512]
     np.testing.assert_array_equal(np.concatenate(out), x[:1536])
+
+
+def _voice(seconds: float, f0_hz: float, seed: int) -> np.ndarray:
+    """A buzzy vowel-like sound with syllable-rate loudness and some noise."""
+    t = np.arange(int(seconds * 16000)) / 16000
+    x = sum(np.sin(2 * np.pi * f0_hz * k * t) / k for k in range(1, 12))
+    x *= 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t) ** 2
+    x += np.random.default_rng(seed).normal(0, 0.02, len(t))
+    return (0.2 * x / np.abs(x).max()).astype(np.float32)
+
+
+def test_batched_silero_matches_a_model_per_stream() -> None:
+    """Streams judged together, with uneven window counts per pass and a reset, give each the
+    probabilities its own silero model gives it alone."""
+    import torch
+    from silero_vad import load_silero_vad
+
+    from realtime_omni.gateway.vad import SileroVad
+
+    vad = SileroVad()
+    audio = [_voice(1.5, 110, 0), _voice(1.5, 220, 1), np.zeros(24000, np.float32)]
+    windows = [Windower().push(a) for a in audio]
+    streams = [vad.stream() for _ in audio]
+    refs = [load_silero_vad() for _ in audio]
+
+    def alone(i: int, ws: list[np.ndarray]) -> list[float]:
+        with torch.inference_mode():
+            return [float(refs[i](torch.from_numpy(w), 16000)) for w in ws]
+
+    got: list[list[float]] = [[], [], []]
+    want: list[list[float]] = [[], [], []]
+    pos = [0, 0, 0]
+    for step, counts in enumerate([(1, 3, 2), (4, 0, 1), (2, 5, 3), (6, 4, 8)]):
+        if step == 2:  # forget stream 0's past, as a cleared input buffer does
+            streams[0].reset()
+            refs[0].reset_states()
+        batch = []
+        for i, n in enumerate(counts):
+            batch.append((streams[i], windows[i][pos[i] : pos[i] + n]))
+            want[i] += alone(i, batch[-1][1])
+            pos[i] += n
+        for i, probs in enumerate(vad.judge(batch)):
+            got[i] += probs
+    for g, w in zip(got, want, strict=True):
+        assert len(g) == len(w) >= 12
+        assert np.allclose(g, w, atol=1e-5), (g, w)
+    assert not np.allclose(got[0][:12], got[1][:12], atol=1e-3)  # the streams were told apart
