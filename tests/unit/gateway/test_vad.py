@@ -68,7 +68,7 @@ def test_batched_silero_matches_a_model_per_stream() -> None:
     from realtime_omni.gateway.vad import SileroVad
 
     vad = SileroVad()
-    audio = [_voice(1.5, 110, 0), _voice(1.5, 220, 1), np.zeros(24000, np.float32)]
+    audio = [_voice(1.5, 110, 0), _voice(1.5, 220, 1), _voice(1.5, 165, 2)]
     windows = [Windower().push(a) for a in audio]
     streams = [vad.stream() for _ in audio]
     refs = [load_silero_vad() for _ in audio]
@@ -95,3 +95,21 @@ def test_batched_silero_matches_a_model_per_stream() -> None:
         assert len(g) == len(w) >= 12
         assert np.allclose(g, w, atol=1e-5), (g, w)
     assert not np.allclose(got[0][:12], got[1][:12], atol=1e-3)  # the streams were told apart
+
+
+def test_silence_is_judged_without_the_model_and_the_stream_starts_afresh() -> None:
+    import torch
+    from silero_vad import load_silero_vad
+
+    from realtime_omni.gateway.vad import SileroVad
+
+    vad = SileroVad()
+    voice = Windower().push(_voice(1.0, 140, 3))
+    quiet = [np.full(512, 5e-4, np.float32)] * 3  # -66 dBFS
+    st = vad.stream()
+    (got,) = vad.judge([(st, voice[:10] + quiet + voice[10:])])
+    assert got[10:13] == [0.0, 0.0, 0.0]
+    fresh = load_silero_vad()
+    with torch.inference_mode():
+        want = [float(fresh(torch.from_numpy(w), 16000)) for w in voice[10:]]
+    assert np.allclose(got[13:], want, atol=1e-5)
