@@ -102,6 +102,10 @@ class Outlet:
         self.stride = _aligned(edge.slot_bytes)  # so every slot starts aligned
         self._segment_name = segment_name(owner_pid, process, epoch, edge.src, edge.dst)
         self.segment: Segment | None = None
+        if edge.transport == "shm" and edge.slot_bytes > inline_max_bytes:
+            # Made now, not on first use: mapping (and populating) a pool of big slots takes
+            # tens of milliseconds, which a first request, or the gateway's event loop, would pay.
+            self.segment = Segment(self._segment_name, edge.slots * self.stride, create=True)
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
 
     def acquire(self, request_id: str, peer: str) -> int | None:
