@@ -136,7 +136,7 @@ def compute_ms(steps: dict[str, list[list[float]]], token_time: float, left: flo
     between the token and that step."""
     c2w = [(s, d) for s, d in steps.get("code2wav", []) if s >= token_time and s + d <= left]
     if not c2w:
-        return 0.0
+        raise RuntimeError("no code2wav step between a token and its audio: step log incomplete")
     c_start, c_dur = c2w[-1]
     talker = [d for s, d in steps.get("talker_ar", []) if s >= token_time and s + d <= c_start]
     return (sum(talker) + c_dur) * 1e3
@@ -161,6 +161,7 @@ async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dic
     caller = Caller(url)
     await caller.connect(limit_s=30)
     heard: list[float] = []
+    steps: dict[str, set[tuple[float, float]]] = {}  # stage -> (start, duration) of every step
     try:
         await asyncio.sleep(0.5)
         for _ in range(turns):
@@ -181,7 +182,12 @@ async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dic
             while caller.mic.queued_s > 0:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.3)
-        return {"raw": await asyncio.to_thread(get, f"{url}/bench/raw"), "heard_ms": heard}
+            # Each turn's steps now: the stages remember only their last 512 steps.
+            raw = await asyncio.to_thread(get, f"{url}/bench/raw")
+            for stage, log in raw["steps"].items():
+                steps.setdefault(stage, set()).update(map(tuple, log))
+        raw["steps"] = {stage: sorted(log) for stage, log in steps.items()}
+        return {"raw": raw, "heard_ms": heard}
     finally:
         await caller.hang_up()
 
