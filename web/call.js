@@ -64,6 +64,7 @@ async function call(mic) {
     },
   });
   for (const track of mic.getAudioTracks()) pc.addTrack(track, mic);
+  $("camera-hint").hidden = true; // a camera switched on before now joins this call
   const cam = camStream && camStream.getVideoTracks()[0];
   if (cam) {
     videoSender = pc.addTransceiver(cam, { direction: "sendonly", streams: [camStream] }).sender;

@@ -32,10 +32,12 @@ export async function openMic() {
   return stream;
 }
 
+// The call ended: a held push-to-talk is let go, and a released one is not sent (pttUp).
 export function closeMic() {
   if (stream) stream.getTracks().forEach((t) => t.stop());
   stream = null;
   heldSince = null;
+  $("ptt").classList.remove("active");
 }
 
 // Whether the microphone is open and sending.
@@ -90,7 +92,7 @@ export function pttDown() {
 }
 
 // Push-to-talk released: a moment later, close the microphone, commit the turn and ask for the
-// answer.
+// answer, unless the call has ended by then.
 export function pttUp() {
   if (heldSince === null) return;
   const heldMs = performance.now() - heldSince;
@@ -98,7 +100,9 @@ export function pttUp() {
   $("ptt").classList.remove("active");
   setYouSpeaking(false);
   const releasedAt = performance.now();
+  const mic = stream;
   setTimeout(() => {
+    if (stream !== mic) return; // hung up meanwhile
     applyMicEnabled();
     pttTurn(heldMs);
     send({ type: "input_audio_buffer.commit" });

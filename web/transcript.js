@@ -167,10 +167,14 @@ export function userItem(item) {
 }
 
 // Speech that never became a turn once VAD is turned off; with `callEnded`, answers too, and a
-// push-to-talk turn stops waiting for its item.
+// push-to-talk turn still waiting for its item.
 export function dropUnfinishedTurns(callEnded = false) {
-  if (callEnded) pendingUser = null;
-  for (const b of new Set(bubbles.values())) {
+  const waiting = new Set(bubbles.values());
+  if (callEnded && pendingUser) {
+    waiting.add(pendingUser);
+    pendingUser = null;
+  }
+  for (const b of waiting) {
     if (!b.pending || (b.side === "bot" && !callEnded)) continue;
     b.note(b.side === "you" ? "(not sent)" : "(call ended)");
   }

@@ -116,8 +116,39 @@ def test_demo_page_calls_hears_and_hangs_up(server: str, mic_wav: Path, tmp_path
             assert state["errors"] == [], state["errors"]
             assert page_errors == [], page_errors
 
-            page.click("#connect")  # now "Hang up"
-            page.wait_for_function("window.omni.state === 'closed'", timeout=timeout(5) * 1000)
+            # Hang up in push-to-talk with Space held again just after a release (whose turn
+            # waits 200 ms to be committed), and with the camera switched on mid-call: it joins
+            # the next call, and the page says so until then.
+            page.click("label:has(#camera)")
+            page.wait_for_selector("#camera-hint", state="visible")
+            page.click("label:has(#vad)")  # off: push-to-talk
+            you_bubbles = page.locator("#transcript .msg.you").count()
+            held = page.evaluate(
+                """() => {
+                    document.activeElement.blur();  // Space in a form field is typing
+                    const space = (type) => dispatchEvent(new KeyboardEvent(type, {code: "Space"}));
+                    space("keydown");
+                    space("keyup");
+                    space("keydown");
+                    const held = document.getElementById("ptt").classList.contains("active");
+                    document.getElementById("connect").click();  // now "Hang up"
+                    space("keyup");
+                    return held;
+                }"""
+            )
+            assert held, "Space did not press push-to-talk"
+            assert omni(page)["state"] == "closed"
             assert page.text_content("#connect") == "Connect"
+            page.wait_for_timeout(timeout(0.4) * 1000)  # past the released turn's commit delay
+            assert "active" not in (page.get_attribute("#ptt", "class") or "")
+            assert page.locator("#transcript .msg.you").count() == you_bubbles
+
+            page.click("#connect")
+            page.wait_for_function("window.omni.connected", timeout=timeout(15) * 1000)
+            assert page.locator("#camera-hint").is_hidden()
+            page.click("#connect")
+            page.wait_for_function("window.omni.state === 'closed'", timeout=timeout(5) * 1000)
+            assert omni(page)["errors"] == [], omni(page)["errors"]
+            assert page_errors == [], page_errors
         finally:
             browser.close()
