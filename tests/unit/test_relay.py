@@ -110,11 +110,20 @@ def test_shm_arrays_are_views_of_the_segment(process: str) -> None:
 
 def test_small_payloads_on_shm_edges_ride_inline(process: str) -> None:
     out = Outlet(edge("shm"), process, 0, PID, inline_max_bytes=1024)
+    assert out.segment is not None and len(mine(process)) == 1  # mapped when made, not on use
     msg, frames = send(out, {"x": np.zeros(16, np.float32)})
     assert msg.transport == "inline"
     assert len(frames) == 1 and len(msg.blob) == 64  # inside the control message
-    assert out.segment is None and mine(process) == []
     assert np.array_equal(Inlet().open(msg, frames)["x"], np.zeros(16, np.float32))
+    out.close()
+    assert mine(process) == []
+
+
+def test_an_edge_whose_slots_fit_inline_maps_no_memory(process: str) -> None:
+    out = Outlet(edge("shm", slot_bytes=512), process, 0, PID, inline_max_bytes=1024)
+    msg, _ = send(out, {"x": np.zeros(16, np.float32)})
+    assert msg.transport == "inline"
+    assert out.segment is None and mine(process) == []
 
 
 def test_payload_without_arrays(process: str) -> None:
@@ -137,7 +146,6 @@ def test_payload_too_large_names_edge_and_fix_and_frees_the_slot(process: str) -
     assert "256" in msg
     assert "Fix: add {src: a, dst: b, slot_bytes: 515}" in msg
     assert out.pool.free == 2 and out.pool.held("r1") == 0
-    assert out.segment is None and mine(process) == []
 
 
 def test_object_dtype_is_refused_and_frees_the_slot(process: str) -> None:
