@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id, for_beta
+from realtime_omni.gateway.protocol import error_event, event_id, for_beta
 from realtime_omni.gateway.session import Session
 
 if TYPE_CHECKING:
@@ -46,9 +46,6 @@ class RealtimeConnection:
         event = {"event_id": event_id(), **event}
         await asyncio.wait_for(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
 
-    async def error(self, e: ProtocolError, client_event_id: str | None = None) -> None:
-        await self.send(error_event(str(e), e.code, e.param, client_event_id))
-
     async def receive_loop(self) -> None:
         limit = self.gw.config.max_message_bytes
         while True:
@@ -58,34 +55,9 @@ class RealtimeConnection:
             raw = msg.get("text")
             if raw is None:
                 raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
-            if len(raw) > limit:
-                await self.error(
-                    ProtocolError(
-                        f"message of {len(raw)} bytes exceeds the limit of {limit} bytes; send "
-                        "audio in smaller appends",
-                        code="message_too_large",
-                    )
-                )
-                continue
-            await self.dispatch(raw)
-
-    async def dispatch(self, raw: str) -> None:
-        try:
-            event = json.loads(raw)
-        except json.JSONDecodeError as e:
-            await self.error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
-            return
-        client_id = event.get("event_id") if isinstance(event, dict) else None
-        try:
-            await self.session.handle(event)
-        except ProtocolError as e:
-            await self.error(e, client_id if isinstance(client_id, str) else None)
-        except Exception as e:  # a bug must cost the client an error event, not the connection
-            log.exception("event %r failed", event.get("type"))
-            err = error_event(
-                f"internal error: {e}", "server_error", None, client_id, "server_error"
-            )
-            await self.send(err)
+            err = await self.session.handle_text(raw, limit)
+            if err is not None:
+                await self.send(err)
 
     async def send_loop(self) -> None:
         s = self.session

@@ -6,6 +6,7 @@
     session.set_video_frame(rgb)          # latest camera frame, uint8 [H, W, 3], or None
     frame = session.read_output(960)      # exactly n samples at `output_rate`, silence if none
     await session.handle(event)           # an OpenAI Realtime client event (a parsed JSON dict)
+    err = await session.handle_text(raw, max_bytes)  # the same from JSON text; an error to send
     event = await session.next_event()    # OpenAI Realtime server events, GA names, in order
     await session.close()                 # aborts what is running; safe to call twice
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -60,6 +62,7 @@ from realtime_omni.gateway.protocol import (
     Settings,
     apply_session_update,
     decode_b64,
+    error_event,
     parse_item,
 )
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad, SpeechStarted, Windower
@@ -468,6 +471,34 @@ class Session:
             raise ProtocolError(f"unknown event type {kind!r}", code="invalid_event", param="type")
         await handler(self, event)
 
+    async def handle_text(self, raw: str, max_bytes: int) -> dict[str, Any] | None:
+        """`handle` one client message as a transport receives it (JSON text); gives the `error`
+        event to send back when it is too big, not JSON, refused or failed, else None."""
+        if len(raw) > max_bytes:
+            return _error(
+                ProtocolError(
+                    f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes; send "
+                    "audio in smaller appends",
+                    code="message_too_large",
+                )
+            )
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError as e:
+            return _error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
+        client_id = event.get("event_id") if isinstance(event, dict) else None
+        client_id = client_id if isinstance(client_id, str) else None
+        try:
+            await self.handle(event)
+        except ProtocolError as e:
+            return _error(e, client_id)
+        except Exception as e:  # a bug must cost the client an error event, not the connection
+            log.exception("session %s: event %r failed", self.id, event.get("type"))
+            return error_event(
+                f"internal error: {e}", "server_error", None, client_id, "server_error"
+            )
+        return None
+
     async def _session_update(self, ev: dict[str, Any]) -> None:
         s = apply_session_update(self.settings, ev.get("session"))
         if s.turn_detection != self.settings.turn_detection:
@@ -571,6 +602,10 @@ class Session:
                 "Cancellation failed: no active response found", code="response_cancel_not_active"
             )
         await self.cancel_response("client_cancelled")
+
+
+def _error(e: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:
+    return error_event(str(e), e.code, e.param, client_event_id)
 
 
 _HANDLERS: dict[str, Callable[[Session, dict[str, Any]], Any]] = {

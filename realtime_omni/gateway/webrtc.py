@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from realtime_omni.gateway.ice import rtc_configuration, use_host_addresses
-from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id
+from realtime_omni.gateway.protocol import error_event, event_id
 from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.webrtc_media import (
     PLAYOUT_RATE_HZ,
@@ -220,36 +220,9 @@ class WebRtcCall:
             raw = await self._inbox.get()
             if isinstance(raw, bytes):
                 raw = raw.decode("utf-8", "replace")
-            if len(raw) > limit:
-                self._error(
-                    ProtocolError(
-                        f"message of {len(raw)} bytes exceeds the limit of {limit} bytes",
-                        code="message_too_large",
-                    )
-                )
-                continue
-            await self._dispatch(raw)
-
-    async def _dispatch(self, raw: str) -> None:
-        try:
-            event = json.loads(raw)
-        except json.JSONDecodeError as e:
-            self._error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
-            return
-        client_id = event.get("event_id") if isinstance(event, dict) else None
-        client_id = client_id if isinstance(client_id, str) else None
-        try:
-            await self.session.handle(event)
-        except ProtocolError as e:
-            self._error(e, client_id)
-        except Exception as e:  # a bug must cost the client an error event, not the call
-            log.exception("call %s: event %r failed", self.id, event.get("type"))
-            self.send_event(
-                error_event(f"internal error: {e}", "server_error", None, client_id, "server_error")
-            )
-
-    def _error(self, e: ProtocolError, client_id: str | None = None) -> None:
-        self.send_event(error_event(str(e), e.code, e.param, client_id))
+            err = await self.session.handle_text(raw, limit)
+            if err is not None:
+                self.send_event(err)
 
     # ---- teardown ----------------------------------------------------------------------
 

@@ -247,3 +247,18 @@ def test_truncate_and_bad_events() -> None:
         await s.close()
 
     run(body())
+
+
+def test_a_client_message_as_text_gives_back_the_error_to_send() -> None:
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1))
+        assert await s.handle_text('{"type": "input_audio_buffer.clear"}', 1000) is None
+        too_big = await s.handle_text(" " * 1001, 1000)
+        assert too_big is not None and too_big["error"]["code"] == "message_too_large"
+        not_json = await s.handle_text("{", 1000)
+        assert not_json is not None and not_json["error"]["code"] == "invalid_json"
+        refused = await s.handle_text('{"type": "nope", "event_id": "e7"}', 1000)
+        assert refused is not None and refused["error"]["code"] == "invalid_event"
+        assert refused["error"]["event_id"] == "e7"
+
+    run(body())
