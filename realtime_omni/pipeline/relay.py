@@ -34,6 +34,7 @@ from realtime_omni.pipeline.slots import SlotPool
 
 Payload = dict[str, Any]
 ALIGN = 256  # array offsets in a slot, and slot strides (CUDA likes 256)
+_PLAIN = {int, float, str, bool, bytes, type(None)}
 
 
 @cache
@@ -57,25 +58,30 @@ def _is_cuda(x: Any) -> bool:
     return getattr(x, "is_cuda", False) is True
 
 
-def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metadata, arrays) of a payload."""
-    meta, arrays = {}, {}
+def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """(metadata, arrays, whether any array is a CUDA tensor) of a payload."""
+    meta, arrays, cuda = {}, {}, False
     for k, v in payload.items():
-        if isinstance(v, np.ndarray):
+        if type(v) in _PLAIN:  # most metadata: skip the checks below (getattr raising is slow)
+            meta[k] = v
+        elif isinstance(v, np.ndarray):
             if v.dtype.hasobject:
                 raise RequestError(f"payload array {k!r} has dtype object; it cannot be moved")
             arrays[k] = v
         elif _is_cuda(v):
             arrays[k] = v
+            cuda = True
         else:
             meta[k] = v
-    return meta, arrays
+    return meta, arrays, cuda
 
 
 def _needed(arrays: dict[str, Any]) -> int:
     """Bytes a slot needs for these arrays: each starts aligned, the last is not padded."""
-    sizes = [a.nbytes for a in arrays.values()]
-    return sum(_aligned(n) for n in sizes[:-1]) + (sizes[-1] if sizes else 0)
+    total = 0
+    for a in arrays.values():
+        total = _aligned(total) + a.nbytes
+    return total
 
 
 def payload_nbytes(payload: Payload) -> int:
@@ -130,7 +136,7 @@ class Outlet:
     def _pack(
         self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
     ) -> tuple[DataReady, list[Any]]:
-        meta, arrays = split_payload(payload)
+        meta, arrays, cuda = split_payload(payload)
         e = self.edge
         msg = DataReady(request_id, e.src, e.dst, self.process, slot, meta, [], route, "inline")
         if not arrays:
@@ -142,7 +148,7 @@ class Outlet:
                 f"bytes. Fix: add {{src: {e.src}, dst: {e.dst}, slot_bytes: {total}}} (or more) "
                 "to the config's edges"
             )
-        if any(type(a) is not np.ndarray for a in arrays.values()):  # CUDA tensors
+        if cuda:
             arrays = self._to_cuda_slot(msg, slot, arrays)
             if not arrays:
                 return msg, []
@@ -238,13 +244,14 @@ class Inlet:
                 payload[ref.name] = a
             return payload
         for ref in msg.arrays:
-            buf = msg.blob if ref.frame == 0 else frames[ref.frame]
-            buf = getattr(buf, "buffer", buf)
             dt = dtype_of(ref.dtype)
-            a = np.frombuffer(buf, dt, ref.nbytes // dt.itemsize, ref.offset).reshape(ref.shape)
-            if a.flags.writeable:  # a zero-copy frame; bytes are read-only already
-                a.flags.writeable = False
-            payload[ref.name] = a
+            if ref.frame == 0:  # in the blob: bytes, so the view is read-only already
+                a = np.frombuffer(msg.blob, dt, ref.nbytes // dt.itemsize, ref.offset)
+            else:
+                buf = frames[ref.frame]
+                a = np.frombuffer(getattr(buf, "buffer", buf), dt, ref.nbytes // dt.itemsize)
+                a.flags.writeable = False  # a zero-copy frame
+            payload[ref.name] = a if len(ref.shape) == 1 else a.reshape(ref.shape)
         return payload
 
     def _cache(self, table: OrderedDict[str, Any], key: str, value: Any) -> Any:

@@ -59,20 +59,29 @@ def arrays() -> dict[str, np.ndarray]:
         "bf16_t": bf16.T,  # not contiguous
         "bf16_scalar": np.array(1.5, dtype=ml_dtypes.bfloat16),
         "empty": np.zeros((0, 3), dtype=np.float32),
+        "subclass": np.arange(5, dtype=np.int16).view(_Sub),  # moves as a plain array
     }
+
+
+class _Sub(np.ndarray):
+    pass
 
 
 META = {"text": "héllo", "n": 3, "f": 0.5, "flag": True, "raw": b"\x00\x01", "nested": {"k": [1]}}
 
 
-@pytest.mark.parametrize("transport", ["inline", "shm"])
-def test_round_trip(process: str, transport: str) -> None:
-    out = Outlet(edge(transport), process, 0, PID, inline_max_bytes=0)
+@pytest.mark.parametrize(
+    ("transport", "inline_max"), [("inline", 0), ("inline", 1 << 16), ("shm", 0)]
+)
+def test_round_trip(process: str, transport: str, inline_max: int) -> None:
+    """inline_max 0: arrays in frames of their own (or the slot); 64 KB: all in the message."""
+    out = Outlet(edge(transport), process, 0, PID, inline_max_bytes=inline_max)
     inlet = Inlet()
     sent = arrays()
     assert not sent["f32_strided"].flags.c_contiguous
     msg, frames = send(out, {**META, **sent})
     assert msg.transport == transport
+    assert len(frames) == (1 if inline_max or transport == "shm" else 1 + len(sent))
     assert msg.src_process == process and msg.slot in (0, 1) and msg.route == {"b": 0}
     got = inlet.open(msg, frames)
     assert {k: got[k] for k in META} == META
