@@ -6,7 +6,10 @@ CLOCK_MONOTONIC (system-wide on Linux) into the payload metadata just before `ac
 the receiver stamps it once `Inlet.open` returned and it read the array's last element, then acks,
 and the sender waits for that ack before the next payload, so every hop is measured unloaded.
 
-    python benchmarks/transport.py [--iters N] [--warmup N] [--json PATH]
+Everything is measured `--rounds` times over (whole passes, so a burst of noise on a shared
+machine hits one round, not one row); the figures are medians over rounds.
+
+    python benchmarks/transport.py [--iters N] [--warmup N] [--rounds N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -338,10 +341,43 @@ def pct_us(ns: list[int], q: float) -> float:
     return float(np.percentile(ns, q)) / 1000
 
 
+def measure_round(
+    transports: list[str], sizes: list[int], iters: int | None, warmup: int
+) -> tuple[dict[str, Latencies], dict[str, dict[int, float]]]:
+    """One pass over every transport and baseline: (hop latencies by transport, baseline p50s
+    by name)."""
+    baselines = {
+        "memcpy": {
+            n: memcpy_p50_us(n, MEMCPY_REPS_PER_ITER * iters_for(n, iters), warmup) for n in sizes
+        },
+        "memcpy_after_idle": {n: memcpy_p50_us(n, iters_for(n, iters), 10, IDLE_S) for n in sizes},
+    }
+    results: dict[str, Latencies] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="rto-bench-") as tmp:
+            for t in transports:
+                print(f"  measuring {t} ...", file=sys.stderr, flush=True)
+                if t == "reference":
+                    results[t] = run_reference(sizes, iters, warmup)
+                else:
+                    results[t] = run_zmq(t, sizes, iters, warmup, tmp)
+            print("  measuring zmq_ipc_bare ...", file=sys.stderr, flush=True)
+            bare = run_bare(sizes, iters, warmup, tmp)
+        print("  measuring mp_queue_pickle ...", file=sys.stderr, flush=True)
+        queue_lat = run_queue(sizes, iters, warmup)
+    finally:
+        unlink_segments(segment_name(os.getpid()))  # what an interrupted Outlet.close left
+    assert not list_segments(os.getpid())
+    baselines["mp_queue_pickle"] = {n: pct_us(queue_lat[n], 50) for n in sizes}
+    baselines["zmq_ipc_bare"] = {n: pct_us(bare[n], 50) for n in sizes}
+    return results, baselines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, help=f"measured hops per size ({SMALL_ITERS}/{BIG_ITERS})")
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured hops per size first")
+    ap.add_argument("--rounds", type=int, default=3, help="whole passes; figures are medians")
     ap.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
     args = ap.parse_args()
     sizes = list(SIZES_BYTES)
@@ -349,65 +385,58 @@ def main() -> None:
     if (skip := cuda_skip_reason()) is not None:
         transports.remove("cuda_ipc")
 
-    memcpy_us = {
-        n: memcpy_p50_us(n, MEMCPY_REPS_PER_ITER * iters_for(n, args.iters), args.warmup)
-        for n in sizes
-    }
-    idle_us = {n: memcpy_p50_us(n, iters_for(n, args.iters), 10, IDLE_S) for n in sizes}
-    results: dict[str, Latencies] = {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="rto-bench-") as tmp:
-            for t in transports:
-                print(f"measuring {t} ...", file=sys.stderr, flush=True)
-                if t == "reference":
-                    results[t] = run_reference(sizes, args.iters, args.warmup)
-                else:
-                    results[t] = run_zmq(t, sizes, args.iters, args.warmup, tmp)
-            print("measuring zmq_ipc_bare ...", file=sys.stderr, flush=True)
-            bare_lat = run_bare(sizes, args.iters, args.warmup, tmp)
-        print("measuring mp_queue_pickle ...", file=sys.stderr, flush=True)
-        queue_lat = run_queue(sizes, args.iters, args.warmup)
-    finally:
-        unlink_segments(segment_name(os.getpid()))  # what an interrupted Outlet.close left
-    assert not list_segments(os.getpid())
+    passes = []
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+        passes.append(measure_round(transports, sizes, args.iters, args.warmup))
 
+    def median(values: list[float]) -> float:
+        return float(np.median(values))
+
+    # Per transport and size: the median over rounds of each round's p50 (and p99), and the
+    # rounds' p50s themselves, to show the spread.
+    p50s = {(t, n): [pct_us(res[t][n], 50) for res, _ in passes] for t in transports for n in sizes}
     rows = [
         {
             "transport": t,
             "payload_bytes": n,
-            "p50_us": pct_us(lat[n], 50),
-            "p99_us": pct_us(lat[n], 99),
+            "p50_us": median(p50s[t, n]),
+            "p99_us": median([pct_us(res[t][n], 99) for res, _ in passes]),
         }
-        for t, lat in results.items()
+        for t in transports
         for n in sizes
     ]
-    queue_us = {n: pct_us(queue_lat[n], 50) for n in sizes}
-    bare_us = {n: pct_us(bare_lat[n], 50) for n in sizes}
-    named = (
-        ("memcpy", memcpy_us),
-        ("memcpy_after_idle", idle_us),
-        ("mp_queue_pickle", queue_us),
-        ("zmq_ipc_bare", bare_us),
-    )
+    base = {
+        name: {n: median([b[name][n] for _, b in passes]) for n in sizes} for name in passes[0][1]
+    }
     baselines = [
         {"name": name, "payload_bytes": n, "p50_us": us}
-        for name, p50s in named
-        for n, us in p50s.items()
+        for name, by_size in base.items()
+        for n, us in by_size.items()
     ]
 
+    memcpy_us, idle_us = base["memcpy"], base["memcpy_after_idle"]
+    queue_us, bare_us = base["mp_queue_pickle"], base["zmq_ipc_bare"]
     head = ("transport", "bytes", "p50 us", "p99 us", "memcpy", "idle+cp", "mp.Queue", "zmq bare")
-    print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  verdict".format(*head))
+    print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  verdict; p50 by round".format(*head))
     for r in rows:
-        n = r["payload_bytes"]
+        t, n = r["transport"], r["payload_bytes"]
+        spread = " / ".join(f"{us:.0f}" for us in p50s[t, n]) if args.rounds > 1 else ""
+        notes = "; ".join(x for x in (verdict(n, r["p50_us"], memcpy_us), spread) if x)
         print(
-            f"{r['transport']:<10} {n:>9} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f} "
+            f"{t:<10} {n:>9} {r['p50_us']:>9.1f} {r['p99_us']:>9.1f} "
             f"{memcpy_us[n]:>9.1f} {idle_us[n]:>9.1f} {queue_us[n]:>9.1f} {bare_us[n]:>9.1f}  "
-            f"{verdict(n, r['p50_us'], memcpy_us)}"
+            + notes
         )
-    print("baselines, p50 us: memcpy in one process, back to back (the verdicts use this one);")
-    print(f"idle+cp, the same copy after {IDLE_S * 1e3:g} ms asleep, as a hop's copy comes after")
-    print("waiting for an ack; the array pickled through a multiprocessing.Queue; raw bytes in one")
-    print("ZMQ frame over ipc:// with no runtime code (the floor under the ipc rows)")
+    print(
+        f"Medians over {args.rounds} round(s). Baselines, p50 us: memcpy, the same bytes copied in"
+    )
+    print("one process back to back (the verdicts use this one); idle+cp, the same copy after")
+    print(
+        f"{IDLE_S * 1e3:g} ms asleep, as a hop's copy comes after waiting for an ack; mp.Queue, the"
+    )
+    print("array pickled through a multiprocessing.Queue; zmq bare, raw bytes in one ZMQ frame")
+    print("over ipc:// with no runtime code (the floor under the ipc rows).")
     if skip is not None:
         print(f"cuda_ipc: skipped ({skip})")
     if args.json:
