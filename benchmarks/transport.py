@@ -1,10 +1,12 @@
 """One hop, process to process: one-way latency of each payload transport, next to its baselines.
 
 Every transport row uses the runtime's own classes: an `Edge`, an `Outlet` in this process (the
-sender), an `Inlet` in a spawned receiver, real ZMQ PUSH/PULL sockets. The sender stamps
+sender), an `Inlet` in a spawned receiver, real ZMQ PUSH/PULL sockets. The sender writes every
+byte of the payload (as the stage step that made it would, just before it is sent), then stamps
 CLOCK_MONOTONIC (system-wide on Linux) into the payload metadata just before `acquire`/`pack`;
-the receiver stamps it once `Inlet.open` returned and it read the array's last element, then acks,
-and the sender waits for that ack before the next payload, so every hop is measured unloaded.
+the receiver stamps it once `Inlet.open` returned and it read the payload's last byte (checking
+it is this hop's), then acks, and the sender waits for that ack before the next payload, so every
+hop is measured unloaded.
 
 Everything is measured `--rounds` times over (whole passes, so a burst of noise on a shared
 machine hits one round, not one row); the figures are medians over rounds.
@@ -65,9 +67,30 @@ def make_array(nbytes: int, cuda: bool = False) -> Any:
     return t.view(torch.bfloat16).view(a.shape) if nbytes > SMALL_MAX_BYTES else t
 
 
-def touch(a: Any) -> float:
-    """Read the last element, so a lazy mapping or an unfinished copy cannot look fast."""
-    return float(a.reshape(-1)[-1])
+def produce(a: Any, i: int) -> int:
+    """Write every byte of `a`, as the stage step that made a payload would, just before it is
+    sent (so it is in the cache, as a fresh output is); gives the byte written."""
+    value = i % 251 + 1
+    flat = a.reshape(-1)
+    if isinstance(a, np.ndarray):
+        flat.view(np.uint8).fill(value)
+    else:  # a CUDA tensor
+        import torch
+
+        flat.view(torch.uint8).fill_(value)
+        torch.cuda.synchronize()
+    return value
+
+
+def last_byte(a: Any) -> int:
+    """Read the last byte, so a lazy mapping or an unfinished copy cannot look fast (and the
+    receiver can check it got this hop's payload)."""
+    flat = a.reshape(-1)
+    if isinstance(a, np.ndarray):
+        return int(flat.view(np.uint8)[-1])
+    import torch
+
+    return int(flat.view(torch.uint8)[-1].item())
 
 
 def iters_for(nbytes: int, override: int | None) -> int:
@@ -114,8 +137,9 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
             if payload.get("stop"):
                 conn.send(lat)
                 return
-            touch(payload["x"])
+            got = last_byte(payload["x"])
             t1 = time.monotonic_ns()
+            assert got == payload["value"], f"hop carried byte {got}, not {payload['value']}"
             if not payload["warm"]:
                 lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
             del payload, frames  # drop the slot's views before the ack lends the slot again
@@ -143,16 +167,18 @@ def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int)
             if len(frame) == 8:  # no payload: stop
                 conn.send(lat)
                 return
-            t0, warm = int.from_bytes(frame[:8], "little"), frame[8]
+            t0, warm, value = int.from_bytes(frame[:8], "little"), frame[8], frame[9]
+            assert frame[-1] == value, f"hop carried byte {frame[-1]}, not {value}"
             if not warm:
-                lat.setdefault(len(frame) - 9, []).append(t1 - t0)
+                lat.setdefault(len(frame) - 10, []).append(t1 - t0)
             acks.send(b"a")
     finally:
         ctx.destroy(linger=0)
 
 
 def queue_receiver(q: Any, conn: Connection, parent_pid: int) -> None:
-    """The mp_queue_pickle baseline's far end: (nbytes, warm, t_ns, array) items, None to stop."""
+    """The mp_queue_pickle baseline's far end: (nbytes, warm, value, t_ns, array) items, None
+    to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     lat: Latencies = {}
     while os.getppid() == parent_pid:  # not orphaned
@@ -163,9 +189,10 @@ def queue_receiver(q: Any, conn: Connection, parent_pid: int) -> None:
         if item is None:
             conn.send(lat)
             return
-        nbytes, warm, t0, x = item
-        touch(x)
+        nbytes, warm, value, t0, x = item
+        got = last_byte(x)
         t1 = time.monotonic_ns()
+        assert got == value, f"hop carried byte {got}, not {value}"
         if not warm:
             lat.setdefault(nbytes, []).append(t1 - t0)
         conn.send(None)
@@ -189,13 +216,13 @@ def run_reference(sizes: list[int], iters: int | None, warmup: int) -> Latencies
     for nbytes in sizes:
         x = make_array(nbytes)
         for i in range(warmup + iters_for(nbytes, iters)):
-            payload: Payload = {"x": x, "nbytes": nbytes}
+            payload: Payload = {"x": x, "nbytes": nbytes, "value": produce(x, i)}
             payload["t_ns"] = time.monotonic_ns()
             slot = outlet.acquire("bench", "p")
             assert slot is not None
             inbound.append(payload)
             got = inbound.popleft()
-            touch(got["x"])
+            assert last_byte(got["x"]) == got["value"]
             t1 = time.monotonic_ns()
             if i >= warmup:
                 lat.setdefault(nbytes, []).append(t1 - got["t_ns"])
@@ -238,7 +265,7 @@ def run_zmq(
         for nbytes in sizes:
             x = make_array(nbytes, cuda)
             for i in range(warmup + iters_for(nbytes, iters)):
-                send({"x": x, "nbytes": nbytes, "warm": i < warmup})
+                send({"x": x, "nbytes": nbytes, "warm": i < warmup, "value": produce(x, i)})
                 if not acks.poll(ACK_TIMEOUT_MS):
                     raise RuntimeError(f"{transport}: no DataAck within {ACK_TIMEOUT_MS} ms")
                 ack = m.decode(acks.recv())
@@ -270,10 +297,12 @@ def run_bare(sizes: list[int], iters: int | None, warmup: int, tmp: str) -> Late
         proc.start()
         out.connect(wait(conn, START_TIMEOUT_S, "inbox address"))
         for nbytes in sizes:
-            body = make_array(nbytes).tobytes()
+            body = bytearray(10 + nbytes)  # 8 bytes of send time, warm, value, the payload
+            x = np.frombuffer(body, np.uint8, nbytes, 10)
             for i in range(warmup + iters_for(nbytes, iters)):
-                head = time.monotonic_ns().to_bytes(8, "little") + bytes([i < warmup])
-                out.send(head + body)
+                body[9] = produce(x, i)
+                body[:9] = time.monotonic_ns().to_bytes(8, "little") + bytes([i < warmup])
+                out.send(body)
                 if not acks.poll(ACK_TIMEOUT_MS):
                     raise RuntimeError(f"zmq_ipc_bare: no ack within {ACK_TIMEOUT_MS} ms")
                 acks.recv()
@@ -296,7 +325,8 @@ def run_queue(sizes: list[int], iters: int | None, warmup: int) -> Latencies:
         for nbytes in sizes:
             x = make_array(nbytes)
             for i in range(warmup + iters_for(nbytes, iters)):
-                q.put((nbytes, i < warmup, time.monotonic_ns(), x))
+                value = produce(x, i)
+                q.put((nbytes, i < warmup, value, time.monotonic_ns(), x))
                 wait(conn, START_TIMEOUT_S if i == 0 else ACK_TIMEOUT_MS / 1000, "ack")
         q.put(None)
         return wait(conn, ACK_TIMEOUT_MS / 1000, "latencies")
