@@ -10,14 +10,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
+import zmq
 
 from realtime_omni.errors import RequestAborted, RequestError, StageDied, StartupError
+from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
 from realtime_omni.pipeline.shm import list_segments
+from realtime_omni.pipeline.worker import MAX_DRAIN
 from tests.conftest import ROOT, run, simulated_config, timeout
 
 FAST = 0.2  # simulated step times at a fifth: the graph's shape matters here, not its speed
@@ -33,6 +37,13 @@ def check_complete(outputs: dict[str, list[dict]], tokens: int) -> None:
     assert all(o["pcm"].shape == (o["items"], 1920) for o in audio)
     times = [o["token_time"] for o in audio]
     assert times == sorted(times)
+
+
+async def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout(within_s)
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        await asyncio.sleep(0.01)
 
 
 async def all_slots_free(coord: Coordinator) -> None:
@@ -56,12 +67,29 @@ def test_twenty_concurrent_requests_complete_in_order() -> None:
                 check_complete(await stream.collect(), 5 + i % 7)
 
             await asyncio.gather(*(one(i) for i in range(20)))
-            assert coord.in_flight == 0
+            await until(lambda: coord.in_flight == 0, "every stage done with every request")
             await all_slots_free(coord)
+            await burst_then_request(coord)
         assert len(list_segments(os.getpid())) == start_segments
         assert all(proc.poll() is not None for proc in coord._procs.values())  # exited, reaped
 
     run(body())
+
+
+async def burst_then_request(coord: Coordinator) -> None:
+    """A burst of messages beyond what one wake-up drains all gets handled, and the inbox
+    still wakes the coordinator afterwards."""
+    n = 2 * MAX_DRAIN + 1
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(coord.graph.endpoint(m.CLIENT, 0, coord.ipc_dir))
+    for i in range(n):
+        sock.send(m.encode(m.Heartbeat(f"probe#{i}", 0)))
+    sock.close()
+    await until(lambda: sum(p.startswith("probe#") for p in coord._last_beat) == n, "burst")
+    await asyncio.sleep(0.2)  # idle: the next messages must wake the loop again
+    stream = await coord.submit({"max_tokens": 3})
+    check_complete(await stream.collect(), 3)
 
 
 def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:
