@@ -82,7 +82,10 @@ class VadModel(Protocol):
 class Pipeline(Protocol):
     """What a session needs of `Coordinator`."""
 
-    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> Any: ...
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> Any:
+        """A `RequestStream`: outputs to iterate, and `close()` once done with it."""
+        ...
+
     async def abort(self, request_id: str) -> None: ...
 
 
@@ -347,14 +350,19 @@ class Session:
         try:
             stream = await self.coord.submit(resp.payload, resp.id)
             resp.payload = {}  # the arrays are in the pipeline now
-            it = stream.__aiter__()
-            while True:
-                await self._hold_lead()
-                try:
-                    out = await it.__anext__()
-                except StopAsyncIteration:
-                    break
-                self._on_output(resp, out.data)
+            try:
+                it = stream.__aiter__()
+                while True:
+                    await self._hold_lead()
+                    try:
+                        out = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self._on_output(resp, out.data)
+            finally:
+                # Cancelled (barge-in, cancel, hang-up) or failed: outputs the lead limit left
+                # unread hold their credits, even once the request ended in every stage.
+                stream.close()
             if resp.resampler is not None:
                 self._write_audio(resp, resp.resampler.flush(), None)
             while self.playout.queued_of(resp.item.id) > 0:  # done once it has been heard

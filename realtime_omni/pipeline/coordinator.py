@@ -65,7 +65,8 @@ class RequestStream:
     Outputs of one terminal stage come in order. The iterator ends when every terminal stage
     closed its stream, and raises the request's error if it failed or was aborted. An output's
     credit goes back to its stage when the consumer takes it, so a consumer that stops reading
-    stalls the pipeline for this edge instead of growing memory.
+    stalls the pipeline for this edge instead of growing memory. A consumer that stops for good
+    calls `close` (an output left unread would hold its credit even after the request ended).
     """
 
     def __init__(self, request_id: str) -> None:
@@ -82,6 +83,12 @@ class RequestStream:
         if not self.closed:
             self._queue.put_nowait(error if error is not None else _END)
             self.closed = True
+
+    def close(self) -> None:
+        """The consumer is done: unread outputs give their credits back now, later ones on
+        arrival, and iterating ends. Safe to call more than once."""
+        self._finish()
+        self._drain()
 
     def _drain(self) -> None:
         """Give back the credits of outputs nobody will read."""

@@ -70,6 +70,7 @@ def test_twenty_concurrent_requests_complete_in_order() -> None:
             await until(lambda: coord.in_flight == 0, "every stage done with every request")
             await all_slots_free(coord)
             await burst_then_request(coord)
+            await unread_outputs_come_back_on_close(coord)
         assert len(list_segments(os.getpid())) == start_segments
         assert all(proc.poll() is not None for proc in coord._procs.values())  # exited, reaped
 
@@ -81,15 +82,30 @@ async def burst_then_request(coord: Coordinator) -> None:
     still wakes the coordinator afterwards."""
     n = 2 * MAX_DRAIN + 1
     sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 0)
     sock.connect(coord.graph.endpoint(m.CLIENT, 0, coord.ipc_dir))
     for i in range(n):
         sock.send(m.encode(m.Heartbeat(f"probe#{i}", 0)))
-    sock.close()
+    sock.close(linger=int(timeout(10) * 1000))  # a closed socket still delivers what it queued
     await until(lambda: sum(p.startswith("probe#") for p in coord._last_beat) == n, "burst")
     await asyncio.sleep(0.2)  # idle: the next messages must wake the loop again
     stream = await coord.submit({"max_tokens": 3})
     check_complete(await stream.collect(), 3)
+
+
+async def unread_outputs_come_back_on_close(coord: Coordinator) -> None:
+    """A reader that stopped: the request ends in every stage, but its unread outputs hold
+    their credits until the stream is closed."""
+    stream = await coord.submit({"max_tokens": 2})
+    await until(lambda: stream.closed and coord.in_flight == 0, "the request ended")
+    stats = await coord.stats()
+    assert (
+        stats["decode#0"].free_slots["decode->client"]
+        < stats["decode#0"].total_slots["decode->client"]
+    )
+    stream.close()
+    stream.close()
+    assert [o async for o in stream] == []
+    await all_slots_free(coord)
 
 
 def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:

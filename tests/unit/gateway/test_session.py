@@ -19,7 +19,10 @@ CHUNK = 1920 * 4  # 320 ms at 24 kHz
 class FakeStream:
     def __init__(self, chunks: int, gap_s: float) -> None:
         self.chunks, self.gap_s, self.taken = chunks, gap_s, 0
-        self.aborted = False
+        self.aborted = self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def __aiter__(self) -> "FakeStream":
         return self
@@ -104,6 +107,7 @@ def test_speech_turn_commits_and_streams_a_response_into_playout() -> None:
         kinds = types(s)
         assert kinds[-1] == "response.done"
         assert "response.output_audio_transcript.delta" in kinds
+        assert all(st.closed for st in coord.streams.values())
         (msgs,) = [p["messages"] for p in coord.payloads]
         assert msgs == [{"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]}]
         audio = coord.payloads[0]["audio_0"]
@@ -176,6 +180,7 @@ def test_barge_in_silences_the_next_read_aborts_and_keeps_what_was_played() -> N
         assert s.read_output(480).pcm.max() == 0.0  # the very next frame is silent
         await settle(s, lambda: s.active_response is None)
         assert coord.aborted == [rid]
+        assert coord.streams[rid].closed  # unread outputs give their credits back
         ev = s.pending_events()
         done = next(e for e in ev if e["type"] == "response.done")["response"]
         assert done["status"] == "cancelled"
@@ -197,8 +202,10 @@ def test_response_cancel_and_errors_clients_special_case() -> None:
         with pytest.raises(ProtocolError) as e:
             await s.handle({"type": "response.create"})
         assert e.value.code == "conversation_already_has_active_response"
+        await settle(s, lambda: bool(coord.streams))  # submitted, outputs flowing
         await s.handle({"type": "response.cancel"})
         assert s.active_response is None and len(coord.aborted) == 1
+        assert coord.streams[coord.aborted[0]].closed
         done = [e for e in s.pending_events() if e["type"] == "response.done"][-1]
         assert done["response"]["status_details"]["reason"] == "client_cancelled"
         with pytest.raises(ProtocolError) as e:
