@@ -48,6 +48,7 @@ CONFIGS = {
 }
 HOLD_S = 0.6  # the answer plays this long before the caller barges in
 LOUD = 0.02  # a received frame with a peak above this is audible
+HANG_UP_S = 10.0  # a hang-up that takes longer is given up (aiortc can stall closing)
 TARGETS = {  # DESIGN.md budgets
     "token_to_audio_over_compute_ms": {"p50": 10.0, "p99": 25.0},
     "barge_in_to_silence_ms": {"p99": 20.0},
@@ -194,8 +195,8 @@ async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dic
 
 async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> None:
     caller = Caller(url)
-    await caller.connect(limit_s=60)
     try:
+        await caller.connect(limit_s=60)
         await set_turns(caller, True, tokens)
         while time.monotonic() < until:
             caller.mic.say(speech)
@@ -208,13 +209,17 @@ async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> 
             except TimeoutError:
                 pass
     finally:
-        await caller.hang_up()
+        await asyncio.wait_for(caller.hang_up(), HANG_UP_S)
 
 
 async def concurrent(url: str, speech: np.ndarray, n: int, seconds: float, tokens: int) -> float:
     before = (await asyncio.to_thread(get, f"{url}/v1/stats"))["webrtc"]
     until = time.monotonic() + seconds
-    await asyncio.gather(*(busy_call(url, speech, until, tokens) for _ in range(n)))
+    calls = [busy_call(url, speech, until, tokens) for _ in range(n)]
+    # One call failing must not tear down the others mid-call.
+    errors = [e for e in await asyncio.gather(*calls, return_exceptions=True) if e is not None]
+    for e in errors:
+        print(f"  a call failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     await asyncio.sleep(0.5)
     after = (await asyncio.to_thread(get, f"{url}/v1/stats"))["webrtc"]
     frames = after["frames"] - before["frames"]
