@@ -271,3 +271,42 @@ def _get(url: str) -> tuple[int, str]:
 
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.status, r.read().decode()
+
+
+def test_hanging_up_while_the_lead_limit_holds_outputs_leaks_nothing(server: str) -> None:
+    """The pipeline finishes an answer while the session still holds its last outputs unread
+    (the lead limit); the client leaves then. Those outputs' credits must come back."""
+
+    async def stats() -> dict[str, Any]:
+        status, body = await asyncio.to_thread(_get, f"{server}/v1/stats")
+        assert status == 200, body
+        return json.loads(body)
+
+    async def poll(pred: Any, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout(15)
+        while not pred(st := await stats()):
+            assert time.monotonic() < deadline, f"{what}: {st}"
+            await asyncio.sleep(0.02)
+        return st
+
+    async def body() -> None:
+        async with connect(server) as conn:
+            # 40 tokens, 6.4 s of speech: the session reaches its 2 s lead and the last outputs
+            # wait in credits until it reads again.
+            await short_answers(
+                conn, max_output_tokens=40, audio={"input": {"turn_detection": None}}
+            )
+            await send_audio(conn, np.zeros(4800, np.float32))
+            await conn.send({"type": "input_audio_buffer.commit"})
+            await until(conn, "input_audio_buffer.committed")
+            await conn.send({"type": "response.create"})
+            await until(conn, "response.output_audio.delta")
+            st = await poll(lambda st: st["in_flight"] == 0, "the pipeline finishing the answer")
+            edge = "code2wav->client"
+            assert st["free_slots"][edge] < st["total_slots"][edge], "nothing held: no test"
+        await poll(
+            lambda st: st["sessions"] == 0 and st["free_slots"] == st["total_slots"],
+            "every slot back once the session closed",
+        )
+
+    run(body())
