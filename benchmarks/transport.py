@@ -118,19 +118,22 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 
 def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, copy: bool) -> None:
     """Answer every DataReady with a DataAck, recording its latency; send them on `stop`.
-    Frames are received as the worker does: copied on ipc, zero-copy on tcp."""
+    It waits and receives as the worker does: a standing poller, then a non-blocking receive;
+    frames copied on ipc, zero-copy on tcp."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx, inlet = zmq.Context(), Inlet()
     lat: Latencies = {}
     inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     acks.setsockopt(zmq.LINGER, 0)
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
     try:
         conn.send(bind(inbox, inbox_at))
         acks.connect(ack_to)
         while os.getppid() == parent_pid:  # not orphaned
-            if not inbox.poll(1000):
+            if not poller.poll(1000):
                 continue
-            frames = inbox.recv_multipart(copy=copy)
+            frames = inbox.recv_multipart(zmq.NOBLOCK, copy=copy)
             msg = m.decode(getattr(frames[0], "buffer", frames[0]))
             assert isinstance(msg, m.DataReady)
             payload = inlet.open(msg, frames)
@@ -156,13 +159,15 @@ def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int)
     lat: Latencies = {}
     inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     acks.setsockopt(zmq.LINGER, 0)
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
     try:
         conn.send(bind(inbox, inbox_at))
         acks.connect(ack_to)
         while os.getppid() == parent_pid:  # not orphaned
-            if not inbox.poll(1000):
+            if not poller.poll(1000):
                 continue
-            frame = inbox.recv()
+            frame = inbox.recv(zmq.NOBLOCK)
             t1 = time.monotonic_ns()
             if len(frame) == 8:  # no payload: stop
                 conn.send(lat)
