@@ -241,19 +241,9 @@ def test_speech_is_made_no_further_ahead_than_the_lead_limit(server: str) -> Non
 
     async def body() -> None:
         async with connect(server) as conn:
-            await short_answers(
-                conn, max_output_tokens=400, audio={"input": {"turn_detection": None}}
-            )
-            await send_audio(conn, np.zeros(4800, np.float32))
-            await conn.send({"type": "input_audio_buffer.commit"})
-            await until(conn, "input_audio_buffer.committed")
-            t0 = time.monotonic()
-            await conn.send({"type": "response.create"})
-            await until(conn, "response.output_audio.delta")
+            t0 = await answer_without_speech(conn, tokens=400)
             await asyncio.sleep(3.0)
-            status, body = await asyncio.to_thread(_get, f"{server}/v1/stats?since={t0}")
-            assert status == 200, body
-            frames = json.loads(body)["steps_since"]["talker_ar"]
+            frames = (await stats(server, since=t0))["steps_since"]["talker_ar"]
             elapsed = time.monotonic() - t0
             # Frames of 80 ms: played so far, the 2 s lead (25), 4 in flight to code2wav, up to
             # 4 buffered in it, 2 chunks of 4 for the listener, one chunk read past the lead,
@@ -266,25 +256,40 @@ def test_speech_is_made_no_further_ahead_than_the_lead_limit(server: str) -> Non
     run(body())
 
 
-def _get(url: str) -> tuple[int, str]:
+async def answer_without_speech(conn: Any, tokens: int) -> float:
+    """Push-to-talk, a commit of silence, `response.create`; returns when audio flows. Gives
+    the monotonic time just before the response was asked for."""
+    await short_answers(conn, max_output_tokens=tokens, audio={"input": {"turn_detection": None}})
+    await send_audio(conn, np.zeros(4800, np.float32))
+    await conn.send({"type": "input_audio_buffer.commit"})
+    await until(conn, "input_audio_buffer.committed")
+    t0 = time.monotonic()
+    await conn.send({"type": "response.create"})
+    await until(conn, "response.output_audio.delta")
+    return t0
+
+
+async def stats(server: str, since: float | None = None) -> dict[str, Any]:
+    """GET /v1/stats (with `steps_since` counted from `since`)."""
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.status, r.read().decode()
+    url = f"{server}/v1/stats" + (f"?since={since}" if since is not None else "")
+
+    def get() -> dict[str, Any]:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+            return json.loads(r.read())
+
+    return await asyncio.to_thread(get)
 
 
 def test_hanging_up_while_the_lead_limit_holds_outputs_leaks_nothing(server: str) -> None:
     """The pipeline finishes an answer while the session still holds its last outputs unread
     (the lead limit); the client leaves then. Those outputs' credits must come back."""
 
-    async def stats() -> dict[str, Any]:
-        status, body = await asyncio.to_thread(_get, f"{server}/v1/stats")
-        assert status == 200, body
-        return json.loads(body)
-
     async def poll(pred: Any, what: str) -> dict[str, Any]:
         deadline = time.monotonic() + timeout(15)
-        while not pred(st := await stats()):
+        while not pred(st := await stats(server)):
             assert time.monotonic() < deadline, f"{what}: {st}"
             await asyncio.sleep(0.02)
         return st
@@ -293,14 +298,7 @@ def test_hanging_up_while_the_lead_limit_holds_outputs_leaks_nothing(server: str
         async with connect(server) as conn:
             # 40 tokens, 6.4 s of speech: the session reaches its 2 s lead and the last outputs
             # wait in credits until it reads again.
-            await short_answers(
-                conn, max_output_tokens=40, audio={"input": {"turn_detection": None}}
-            )
-            await send_audio(conn, np.zeros(4800, np.float32))
-            await conn.send({"type": "input_audio_buffer.commit"})
-            await until(conn, "input_audio_buffer.committed")
-            await conn.send({"type": "response.create"})
-            await until(conn, "response.output_audio.delta")
+            await answer_without_speech(conn, tokens=40)
             st = await poll(lambda st: st["in_flight"] == 0, "the pipeline finishing the answer")
             edge = "code2wav->client"
             assert st["free_slots"][edge] < st["total_slots"][edge], "nothing held: no test"
