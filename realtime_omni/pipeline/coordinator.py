@@ -307,8 +307,13 @@ class Coordinator:
         for p in self._route_processes(route):
             self._active[p] = self._active.get(p, 0) + 1
         entry_proc = self._process_of(self.graph.entry, route)
-        while (slot := self.outlet.acquire(rid, entry_proc)) is None:
-            await self._wait_credit()
+        try:
+            while (slot := self.outlet.acquire(rid, entry_proc)) is None:
+                await self._wait_credit()
+        except BaseException:  # cancelled while waiting: no stage has seen the request
+            req.stream._finish()
+            self._forget(rid)
+            raise
         try:
             msg, frames = self.outlet.pack(rid, slot, payload, route)
             self._send(entry_proc, msg, frames)

@@ -211,6 +211,33 @@ def test_an_abort_is_acknowledged_while_a_long_step_runs() -> None:
     run(body())
 
 
+def test_a_submit_cancelled_while_waiting_for_entry_credit_leaves_nothing() -> None:
+    """One entry credit: request a is in its long preprocessing step, b's input waits in the
+    stage's inbox holding the credit, so c's submit waits for it, and is cancelled there."""
+    cfg = simulated_config()
+    cfg["stages"]["preprocessing"]["params"]["first_step_ms"] = 1500
+    cfg["edges"].append({"src": "client", "dst": "preprocessing", "slots": 1})
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            a = await coord.submit({"max_tokens": 2}, request_id="a")
+            await asyncio.sleep(0.2)  # a's input taken: its step runs
+            b = await coord.submit({"max_tokens": 2}, request_id="b")
+            c = asyncio.create_task(coord.submit({"max_tokens": 2}, request_id="c"))
+            await asyncio.sleep(0.3)
+            assert not c.done(), "c found a credit: the test shows nothing"
+            c.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await c
+            assert coord.in_flight == 2
+            for stream in (a, b):
+                await coord.abort(stream.request_id)
+            assert coord.in_flight == 0
+            await all_slots_free(coord)
+
+    run(body())
+
+
 def test_sigkill_of_a_stage_fails_its_requests_and_the_stage_comes_back() -> None:
     async def body() -> None:
         start_segments = len(list_segments(os.getpid()))
