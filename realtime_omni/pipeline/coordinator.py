@@ -5,6 +5,7 @@ aborts requests everywhere, and restarts a stage process that died.
     await coord.start()                      # returns when every stage process is ready
     stream = await coord.submit({"x": arr})  # waits for a free request slot and entry credit
     async for out in stream: ...             # Output(stage, data) from the terminal stages
+    stream.close()                           # stopped reading early: unread outputs' credits back
     await coord.abort(stream.request_id)     # returns once every stage acknowledged
     await coord.close()                      # no process and no shared memory left behind
 
