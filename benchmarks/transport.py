@@ -17,6 +17,7 @@ machine hits one round, not one row); the figures are medians over rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -116,13 +118,14 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 # ---- receivers (spawned processes: the parent owns every cleanup, so they ignore Ctrl-C) ----
 
 
-def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, copy: bool) -> None:
-    """Answer every DataReady with a DataAck, recording its latency; send them on `stop`.
-    It waits and receives as the worker does: a standing poller, then a non-blocking receive;
-    frames copied on ipc, zero-copy on tcp."""
+def arrivals(
+    inbox_at: str, ack_to: str, conn: Connection, parent_pid: int
+) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """A receiver's sockets: binds its inbox (telling the parent where) and connects its acks,
+    then yields (inbox, acks) whenever a message waits. It waits as the worker does, on a
+    standing poller, and ends once the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ctx, inlet = zmq.Context(), Inlet()
-    lat: Latencies = {}
+    ctx = zmq.Context()
     inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     acks.setsockopt(zmq.LINGER, 0)
     poller = zmq.Poller()
@@ -131,42 +134,44 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
         conn.send(bind(inbox, inbox_at))
         acks.connect(ack_to)
         while os.getppid() == parent_pid:  # not orphaned
-            if not poller.poll(1000):
-                continue
-            frames = inbox.recv_multipart(zmq.NOBLOCK, copy=copy)
-            msg = m.decode(getattr(frames[0], "buffer", frames[0]))
-            assert isinstance(msg, m.DataReady)
-            payload = inlet.open(msg, frames)
-            if payload.get("stop"):
-                conn.send(lat)
-                return
-            got = last_byte(payload["x"])
-            t1 = time.monotonic_ns()
-            assert got == payload["value"], f"hop carried byte {got}, not {payload['value']}"
-            if not payload["warm"]:
-                lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
-            del payload, frames  # drop the slot's views before the ack lends the slot again
-            acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.slot)))
+            if poller.poll(1000):
+                yield inbox, acks
     finally:
-        inlet.close()
         ctx.destroy(linger=0)
 
 
-def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int) -> None:
-    """The zmq_ipc_bare baseline's far end: one frame, 8 bytes of send time then the payload."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ctx = zmq.Context()
+def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, copy: bool) -> None:
+    """Answer every DataReady with a DataAck, recording its latency; send them on `stop`.
+    Receives as the worker does: non-blocking, frames copied on ipc, zero-copy on tcp."""
+    inlet = Inlet()
     lat: Latencies = {}
-    inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    acks.setsockopt(zmq.LINGER, 0)
-    poller = zmq.Poller()
-    poller.register(inbox, zmq.POLLIN)
     try:
-        conn.send(bind(inbox, inbox_at))
-        acks.connect(ack_to)
-        while os.getppid() == parent_pid:  # not orphaned
-            if not poller.poll(1000):
-                continue
+        with contextlib.closing(arrivals(inbox_at, ack_to, conn, parent_pid)) as waits:
+            for inbox, acks in waits:
+                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=copy)
+                msg = m.decode(getattr(frames[0], "buffer", frames[0]))
+                assert isinstance(msg, m.DataReady)
+                payload = inlet.open(msg, frames)
+                if payload.get("stop"):
+                    conn.send(lat)
+                    return
+                got = last_byte(payload["x"])
+                t1 = time.monotonic_ns()
+                assert got == payload["value"], f"hop carried byte {got}, not {payload['value']}"
+                if not payload["warm"]:
+                    lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
+                del payload, frames  # drop the slot's views before the ack lends the slot again
+                acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.slot)))
+    finally:
+        inlet.close()
+
+
+def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int) -> None:
+    """The zmq_ipc_bare baseline's far end: one frame of 8 bytes of send time, the warm-up
+    flag, the byte written, then the payload."""
+    lat: Latencies = {}
+    with contextlib.closing(arrivals(inbox_at, ack_to, conn, parent_pid)) as waits:
+        for inbox, acks in waits:
             frame = inbox.recv(zmq.NOBLOCK)
             t1 = time.monotonic_ns()
             if len(frame) == 8:  # no payload: stop
@@ -177,8 +182,6 @@ def bare_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int)
             if not warm:
                 lat.setdefault(len(frame) - 10, []).append(t1 - t0)
             acks.send(b"a")
-    finally:
-        ctx.destroy(linger=0)
 
 
 def queue_receiver(q: Any, conn: Connection, parent_pid: int) -> None:
