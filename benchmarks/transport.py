@@ -148,9 +148,9 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
     try:
         with contextlib.closing(arrivals(inbox_at, ack_to, conn, parent_pid)) as waits:
             for inbox, acks in waits:
-                frames = inbox.recv_multipart(zmq.NOBLOCK, copy=copy)
-                msg = m.decode(getattr(frames[0], "buffer", frames[0]))
-                assert isinstance(msg, m.DataReady)
+                received = m.receive(inbox, copy)
+                assert received is not None and isinstance(received[0], m.DataReady)
+                msg, frames = received
                 payload = inlet.open(msg, frames)
                 if payload.get("stop"):
                     conn.send(lat)
@@ -160,7 +160,7 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
                 assert got == payload["value"], f"hop carried byte {got}, not {payload['value']}"
                 if not payload["warm"]:
                     lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
-                del payload, frames  # drop the slot's views before the ack lends the slot again
+                del payload, frames, received  # drop the slot's views before the ack lends it again
                 acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.slot)))
     finally:
         inlet.close()

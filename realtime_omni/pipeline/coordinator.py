@@ -438,11 +438,9 @@ class Coordinator:
             while True:
                 for _ in range(MAX_DRAIN):
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
-                    except zmq.Again:
-                        break
-                    try:
-                        self._handle(m.decode(getattr(frames[0], "buffer", frames[0])), frames)
+                        if (got := m.receive(sock, copy)) is None:
+                            break
+                        self._handle(*got)
                     except Exception as e:  # a bug must not kill the receive loop silently
                         log.exception("coordinator: cannot handle a message: %s", e)
                 else:

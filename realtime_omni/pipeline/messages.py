@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import zmq
 
 CLIENT = "client"
 
@@ -186,3 +187,13 @@ def send(sock: Any, msg: Message, frames: Sequence[Any] = ()) -> None:
 
 def decode(frame: bytes | memoryview) -> Message:
     return _decoder.decode(frame)
+
+
+def receive(sock: Any, copy: bool = True) -> tuple[Message, list[Any]] | None:
+    """The next message waiting on a ZMQ socket, with all its frames (bytes, or with
+    `copy=False` zmq Frames viewed in place), or None when none waits. Never blocks."""
+    try:
+        frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+    except zmq.Again:
+        return None
+    return decode(getattr(frames[0], "buffer", frames[0])), frames

@@ -263,12 +263,8 @@ class Worker:
 
     def _drain(self) -> bool:
         batch = []
-        while len(batch) < MAX_DRAIN:
-            try:
-                frames = self.inbox.recv_multipart(zmq.NOBLOCK, copy=self.copy_recv)
-            except zmq.Again:
-                break
-            batch.append((m.decode(getattr(frames[0], "buffer", frames[0])), frames))
+        while len(batch) < MAX_DRAIN and (got := m.receive(self.inbox, self.copy_recv)):
+            batch.append(got)
         # Aborts and peer changes first: data of an aborted request is then dropped unprocessed.
         urgent = (m.Abort, m.PeerDown, m.Shutdown)
         for msg, frames in batch:
