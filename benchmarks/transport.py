@@ -161,7 +161,7 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
                 if not payload["warm"]:
                     lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
                 del payload, frames, received  # drop the slot's views before the ack lends it again
-                acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.slot)))
+                acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.lease)))
     finally:
         inlet.close()
 
@@ -226,15 +226,15 @@ def run_reference(sizes: list[int], iters: int | None, warmup: int) -> Latencies
         for i in range(warmup + iters_for(nbytes, iters)):
             payload: Payload = {"x": x, "nbytes": nbytes, "value": produce(x, i)}
             payload["t_ns"] = time.monotonic_ns()
-            slot = outlet.acquire("bench", "p")
-            assert slot is not None
+            lease = outlet.acquire("bench", "p")
+            assert lease is not None
             inbound.append(payload)
             got = inbound.popleft()
             assert last_byte(got["x"]) == got["value"]
             t1 = time.monotonic_ns()
             if i >= warmup:
                 lat.setdefault(nbytes, []).append(t1 - got["t_ns"])
-            outlet.pool.release(slot)
+            outlet.pool.release(lease)
     return lat
 
 
@@ -262,9 +262,9 @@ def run_zmq(
 
     def send(payload: Payload) -> None:
         payload["t_ns"] = time.monotonic_ns()
-        slot = outlet.acquire("bench", "receiver")
-        assert slot is not None, "the previous payload's slot was not acked"
-        msg, frames = outlet.pack("bench", slot, payload, {})
+        lease = outlet.acquire("bench", "receiver")
+        assert lease is not None, "the previous payload's slot was not acked"
+        msg, frames = outlet.pack("bench", lease, payload, {})
         m.send(out, msg, frames)
 
     try:
@@ -278,7 +278,7 @@ def run_zmq(
                     raise RuntimeError(f"{transport}: no DataAck within {ACK_TIMEOUT_MS} ms")
                 ack = m.decode(acks.recv())
                 assert isinstance(ack, m.DataAck)
-                outlet.pool.release(ack.slot)
+                outlet.pool.release(ack.lease)
         send({"stop": True})
         return wait(conn, ACK_TIMEOUT_MS / 1000, "latencies")
     finally:

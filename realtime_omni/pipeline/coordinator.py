@@ -309,14 +309,14 @@ class Coordinator:
             self._active[p] = self._active.get(p, 0) + 1
         entry_proc = self._process_of(self.graph.entry, route)
         try:
-            while (slot := self.outlet.acquire(rid, entry_proc)) is None:
+            while (lease := self.outlet.acquire(rid, entry_proc)) is None:
                 await self._wait_credit()
         except BaseException:  # cancelled while waiting: no stage has seen the request
             req.stream._finish()
             self._forget(rid)
             raise
         try:
-            msg, frames = self.outlet.pack(rid, slot, payload, route)
+            msg, frames = self.outlet.pack(rid, lease, payload, route)
             self._send(entry_proc, msg, frames)
         except (OmniError, TypeError, ValueError) as e:
             self._forget(rid)
@@ -461,8 +461,8 @@ class Coordinator:
                 if req is not None:
                     req.ended.add(src)
                     self._maybe_complete(req)
-            case m.DataAck(slot=slot):
-                self.outlet.pool.release(slot)
+            case m.DataAck(lease=lease):
+                self.outlet.pool.release(lease)
                 self._credit.set()
             case m.StageDone(request_id=rid, stage=stage):
                 req = self._requests.get(rid)
@@ -507,7 +507,7 @@ class Coordinator:
                 pass
 
     def _on_output(self, msg: m.DataReady, frames: list[Any]) -> None:
-        sender, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.slot)
+        sender, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.lease)
 
         def release() -> None:
             if sender not in self._down:

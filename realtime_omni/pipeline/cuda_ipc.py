@@ -6,7 +6,10 @@ relay imports it lazily), so CPU-only deployments never load torch here.
 The sender allocates one buffer of `slots * slot_bytes` on its GPU and shares its IPC handle once
 (pickled: it is a handle, not a payload); each payload is a device-to-device copy into its slot,
 then a stream synchronisation, then the control message. The receiver maps the buffer once and
-views the slot; it copies what it keeps (to its own device) before it acknowledges.
+views the slot; it copies what it keeps (to its own device) before it acknowledges. The two
+processes' CUDA streams are not ordered with each other, so before the acknowledgement the receiver
+waits for the GPU work it queued (`settle`): a copy still queued would otherwise read a slot the
+sender is already filling again.
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ class _OpenPool:
     def view(self, ref: ArrayRef) -> torch.Tensor:
         raw = self.buffer[ref.offset : ref.offset + ref.nbytes]
         return raw.view(_torch_dtype(ref.dtype)).view(ref.shape)
+
+    def settle(self) -> None:
+        """Wait for this process's queued GPU work that may read the pool: on the pool's device
+        (where a copy out of it runs) and on the current one (a kernel reading it over peer
+        access)."""
+        torch.cuda.synchronize(self.buffer.device)
+        if torch.cuda.current_device() != self.buffer.device.index:
+            torch.cuda.synchronize()
 
 
 def open_pool(handle: bytes) -> _OpenPool:

@@ -46,7 +46,7 @@ class DataReady(_Message):
     src: str
     dst: str
     src_process: str
-    slot: int
+    lease: int  # the credit it holds: see `SlotPool.acquire`
     meta: dict[str, Any]
     arrays: list[ArrayRef]
     route: dict[str, int]  # process group -> replica index, fixed per request
@@ -57,11 +57,11 @@ class DataReady(_Message):
 
 
 class DataAck(_Message):
-    """Returns `slot` of edge `src -> dst` to the sender (`src` is the sending stage)."""
+    """Returns `lease` of edge `src -> dst` to the sender (`src` is the sending stage)."""
 
     src: str
     dst: str
-    slot: int
+    lease: int
 
 
 class StreamEnd(_Message):

@@ -12,9 +12,10 @@ Transports (chosen per edge by `Graph`):
   `inline_max_bytes` still ride inline;
 - cuda_ipc: CUDA tensors are copied into a slot of a GPU pool the sender owns.
 
-Every payload takes one credit of the edge's `SlotPool`, whatever the transport; the receiver's
-`DataAck` gives it back. Arrays the receiver gets from a slot are read-only views, valid until it
-acknowledges: an executor copies what it keeps beyond the call that received it.
+Every payload takes one credit (a lease) of the edge's `SlotPool`, whatever the transport; the
+receiver's `DataAck` gives it back. Arrays the receiver gets from a slot are read-only views, valid
+until it acknowledges: an executor copies what it keeps beyond the call that received it (on a
+cuda_ipc edge an asynchronous copy will do: `Inlet.settle` runs before the acknowledgement).
 """
 
 from __future__ import annotations
@@ -115,30 +116,30 @@ class Outlet:
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
 
     def acquire(self, request_id: str, peer: str) -> int | None:
-        """A slot for one payload of `request_id`, or None: none free, or the request already
-        has `edge.request_slots` in flight."""
+        """A lease on a slot for one payload of `request_id`, or None: none free, or the request
+        already has `edge.request_slots` in flight."""
         cap = self.edge.request_slots
         if cap and self.pool.held(request_id) >= cap:
             return None
         return self.pool.acquire(request_id, peer)
 
     def pack(
-        self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
+        self, request_id: str, lease: int, payload: Payload, route: dict[str, int]
     ) -> tuple[DataReady, list[Any]]:
-        """The control message and its frames for `payload` in `slot`. On error the slot is
-        released and the error raised."""
+        """The control message and its frames for `payload` in the slot of `lease`. On error
+        the lease is released and the error raised."""
         try:
-            return self._pack(request_id, slot, payload, route)
+            return self._pack(request_id, lease, payload, route)
         except BaseException:
-            self.pool.release(slot)
+            self.pool.release(lease)
             raise
 
     def _pack(
-        self, request_id: str, slot: int, payload: Payload, route: dict[str, int]
+        self, request_id: str, lease: int, payload: Payload, route: dict[str, int]
     ) -> tuple[DataReady, list[Any]]:
         meta, arrays, cuda = split_payload(payload)
         e = self.edge
-        msg = DataReady(request_id, e.src, e.dst, self.process, slot, meta, [], route, "inline")
+        msg = DataReady(request_id, e.src, e.dst, self.process, lease, meta, [], route, "inline")
         if not arrays:
             return msg, []
         total = _needed(arrays)
@@ -149,11 +150,11 @@ class Outlet:
                 "to the config's edges"
             )
         if cuda:
-            arrays = self._to_cuda_slot(msg, slot, arrays)
+            arrays = self._to_cuda_slot(msg, self.pool.slot(lease), arrays)
             if not arrays:
                 return msg, []
         if e.transport in ("shm", "cuda_ipc") and total > self.inline_max_bytes:
-            self._to_shm_slot(msg, slot, arrays)
+            self._to_shm_slot(msg, self.pool.slot(lease), arrays)
             return msg, []
         if total <= self.inline_max_bytes:
             # Small: the bytes ride inside the control message itself; one frame is faster.
@@ -253,6 +254,13 @@ class Inlet:
                 a.flags.writeable = False  # a zero-copy frame
             payload[ref.name] = a if len(ref.shape) == 1 else a.reshape(ref.shape)
         return payload
+
+    def settle(self, msg: DataReady) -> None:
+        """Call before acknowledging `msg`: for a CUDA IPC slot, waits until the GPU work this
+        process queued so far (which may still read the slot) has run."""
+        pool = self._cuda.get(msg.segment) if msg.transport == "cuda_ipc" else None
+        if pool is not None:
+            pool.settle()
 
     def _cache(self, table: OrderedDict[str, Any], key: str, value: Any) -> Any:
         table[key] = value

@@ -340,8 +340,8 @@ class Worker:
                 if rid not in self.stages[dst].closed:
                     self.routes.setdefault(rid, route)
                     self.inbound[dst].append(_In("end", rid, src))
-            case m.DataAck(src=src, dst=dst, slot=slot):
-                rid = self.outlets[(src, dst)].pool.release(slot)
+            case m.DataAck(src=src, dst=dst, lease=lease):
+                rid = self.outlets[(src, dst)].pool.release(lease)
                 if rid is not None:
                     self._check_abort_wait(src, rid)
             case m.Abort(request_id=rid):
@@ -360,9 +360,11 @@ class Worker:
                 pass  # other messages are the coordinator's
 
     def _on_data(self, msg: m.DataReady, frames: list[Any]) -> None:
-        src_process, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.slot)
+        src_process, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.lease)
 
         def release() -> None:
+            if msg.transport == "cuda_ipc":
+                self.inlet.settle(msg)
             self._send(src_process, ack)
 
         if msg.request_id in self.stages[msg.dst].closed:
@@ -425,17 +427,17 @@ class Worker:
                 if peer in self.down:  # the coordinator fails every request that needed it
                     box.popleft()
                     continue
-                slot = outlet.acquire(rid, peer)
-                if slot is None:
+                lease = outlet.acquire(rid, peer)
+                if lease is None:
                     return  # backpressure: wait for an ack
                 if e.transport == "reference":
-                    release = self._local_release(e, slot)
+                    release = self._local_release(e, lease)
                     once = e.kind == "once"
                     item = _In("data", rid, e.src, once, payload=out.payload, release=release)
                     self.inbound[e.dst].append(item)
                 else:
                     try:
-                        msg, frames = outlet.pack(rid, slot, out.payload, route)
+                        msg, frames = outlet.pack(rid, lease, out.payload, route)
                         self._send(peer, msg, frames)
                     except (OmniError, TypeError, ValueError) as err:
                         box.popleft()
@@ -444,9 +446,9 @@ class Worker:
                         continue
             box.popleft()
 
-    def _local_release(self, e: Edge, slot: int):  # type: ignore[no-untyped-def]
+    def _local_release(self, e: Edge, lease: int):  # type: ignore[no-untyped-def]
         def release() -> None:
-            rid = self.outlets[(e.src, e.dst)].pool.release(slot)
+            rid = self.outlets[(e.src, e.dst)].pool.release(lease)
             if rid is not None:
                 self._check_abort_wait(e.src, rid)
 

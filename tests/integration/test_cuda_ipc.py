@@ -15,6 +15,8 @@ from realtime_omni.pipeline import messages as m  # noqa: E402
 from realtime_omni.pipeline.graph import Edge  # noqa: E402
 from realtime_omni.pipeline.relay import Inlet, Outlet  # noqa: E402
 
+SPIN_CYCLES = 200_000_000  # a GPU kernel of about 0.1 s, queued ahead of a read of the slot
+
 
 def _receive(conn: mp.connection.Connection) -> None:
     inlet = Inlet()
@@ -26,24 +28,64 @@ def _receive(conn: mp.connection.Connection) -> None:
         conn.send((str(x.device), str(x.dtype), tuple(x.shape), float(x.float().sum().item())))
 
 
-def test_cuda_tensors_cross_processes_through_ipc_slots() -> None:
-    edge = Edge("thinker", "talker_ar", "stream", "cuda_ipc", 2, 1 << 20)
-    outlet = Outlet(edge, "gpu0#0", 0, os.getpid(), 0, "cuda:0")
+def _spawn(target) -> tuple[mp.connection.Connection, mp.Process]:  # type: ignore[no-untyped-def]
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_receive, args=(child,))
+    proc = ctx.Process(target=target, args=(child,))
     proc.start()
+    return parent, proc
+
+
+def test_cuda_tensors_cross_processes_through_ipc_slots() -> None:
+    edge = Edge("thinker", "talker_ar", "stream", "cuda_ipc", 2, 4 << 20)
+    outlet = Outlet(edge, "gpu0#0", 0, os.getpid(), 0, "cuda:0")
+    parent, proc = _spawn(_receive)
     try:
         for i in range(3):
             x = torch.full((784, 2048), float(i + 1), dtype=torch.bfloat16, device="cuda:0")
-            slot = outlet.acquire("r", "gpu1#0")
-            msg, frames = outlet.pack("r", slot, {"x": x}, {})
+            lease = outlet.acquire("r", "gpu1#0")
+            msg, frames = outlet.pack("r", lease, {"x": x}, {})
             assert msg.transport == "cuda_ipc" and frames == []
             parent.send((m.encode(msg), frames))
             device, dtype, shape, total = parent.recv()
             assert (device, dtype, shape) == ("cuda:0", "torch.bfloat16", (784, 2048))
             assert total == pytest.approx(784 * 2048 * (i + 1))
-            outlet.pool.release(slot)
+            outlet.pool.release(lease)
+    finally:
+        proc.join(timeout=30)
+        outlet.close()
+    assert proc.exitcode == 0
+
+
+def _copy_late(conn: mp.connection.Connection) -> None:
+    """Queue a copy of the slot behind a slow kernel, settle, ack; once the sender has refilled
+    the slot, report what the copy read."""
+    inlet = Inlet()
+    header, frames = conn.recv()
+    msg = m.decode(header)
+    x = inlet.open(msg, frames)["x"]
+    torch.cuda._sleep(SPIN_CYCLES)
+    kept = x.clone()  # queued: runs after the spin, on this process's stream
+    inlet.settle(msg)
+    conn.send("ack")
+    assert conn.recv() == "refilled"
+    conn.send(float(kept.float().mean().item()))
+
+
+def test_the_ack_waits_for_gpu_work_still_reading_the_slot() -> None:
+    edge = Edge("thinker", "talker_ar", "stream", "cuda_ipc", 1, 1 << 20)  # one slot, reused
+    outlet = Outlet(edge, "gpu0#0", 0, os.getpid(), 0, "cuda:0")
+    parent, proc = _spawn(_copy_late)
+    try:
+        lease = outlet.acquire("r", "gpu1#0")
+        msg, frames = outlet.pack("r", lease, {"x": torch.full((4096,), 1.0, device="cuda:0")}, {})
+        parent.send((m.encode(msg), frames))
+        assert parent.recv() == "ack"
+        outlet.pool.release(lease)
+        lease = outlet.acquire("r", "gpu1#0")
+        outlet.pack("r", lease, {"x": torch.full((4096,), 2.0, device="cuda:0")}, {})  # refill
+        parent.send("refilled")
+        assert parent.recv() == 1.0  # without the settle, the queued copy reads the refill
     finally:
         proc.join(timeout=30)
         outlet.close()

@@ -39,9 +39,9 @@ def mine(process: str) -> list[str]:
 
 def send(outlet: Outlet, payload: dict[str, Any], rid: str = "r1") -> tuple[DataReady, list[Any]]:
     """Pack, then do what the socket would: encode the message, copy the frames."""
-    slot = outlet.acquire(rid, "b#0")
-    assert slot is not None
-    msg, frames = outlet.pack(rid, slot, payload, {"b": 0})
+    lease = outlet.acquire(rid, "b#0")
+    assert lease is not None
+    msg, frames = outlet.pack(rid, lease, payload, {"b": 0})
     back = decode(encode(msg))
     assert isinstance(back, DataReady)
     return back, [encode(msg), *(bytearray(f) for f in frames)]
@@ -82,7 +82,8 @@ def test_round_trip(process: str, transport: str, inline_max: int) -> None:
     msg, frames = send(out, {**META, **sent})
     assert msg.transport == transport
     assert len(frames) == (1 if inline_max or transport == "shm" else 1 + len(sent))
-    assert msg.src_process == process and msg.slot in (0, 1) and msg.route == {"b": 0}
+    assert msg.src_process == process and msg.route == {"b": 0}
+    assert out.pool.slot(msg.lease) in (0, 1)
     got = inlet.open(msg, frames)
     assert {k: got[k] for k in META} == META
     assert set(got) == set(META) | set(sent)
@@ -108,8 +109,9 @@ def test_shm_arrays_are_views_of_the_segment(process: str) -> None:
     msg1, f1 = send(out, {"x": np.full(100, 1, np.float32)}, "r1")
     msg2, f2 = send(out, {"x": np.full(100, 2, np.float32)}, "r2")
     assert len(f1) == len(f2) == 1  # no array frames: the bytes are in the segment
-    assert msg1.segment == msg2.segment and msg1.slot != msg2.slot
-    assert [r.offset for r in msg1.arrays + msg2.arrays] == [msg1.slot * 4096, msg2.slot * 4096]
+    slots = [out.pool.slot(msg1.lease), out.pool.slot(msg2.lease)]
+    assert msg1.segment == msg2.segment and sorted(slots) == [0, 1]
+    assert [r.offset for r in msg1.arrays + msg2.arrays] == [s * 4096 for s in slots]
     one, two = inlet.open(msg1, f1), inlet.open(msg2, f2)
     assert (one["x"] == 1).all() and (two["x"] == 2).all()  # slots do not overlap
     del one, two
@@ -146,10 +148,10 @@ def test_payload_too_large_names_edge_and_fix_and_frees_the_slot(process: str) -
     out = Outlet(edge("shm", slots=2, slot_bytes=256), process, 0, PID, inline_max_bytes=0)
     payload = {"x": np.zeros(100, np.float32), "y": np.zeros(3, np.uint8)}
     assert payload_nbytes(payload) == 512 + 3  # y starts at the next 256-byte boundary
-    slot = out.acquire("r1", "b#0")
-    assert slot is not None
+    lease = out.acquire("r1", "b#0")
+    assert lease is not None
     with pytest.raises(PayloadTooLarge) as info:
-        out.pack("r1", slot, payload, {})
+        out.pack("r1", lease, payload, {})
     msg = str(info.value)
     assert "a->b" in msg
     assert "256" in msg
@@ -159,10 +161,10 @@ def test_payload_too_large_names_edge_and_fix_and_frees_the_slot(process: str) -
 
 def test_object_dtype_is_refused_and_frees_the_slot(process: str) -> None:
     out = Outlet(edge("inline"), process, 0, PID, inline_max_bytes=0)
-    slot = out.acquire("r1", "b#0")
-    assert slot is not None
+    lease = out.acquire("r1", "b#0")
+    assert lease is not None
     with pytest.raises(RequestError, match="'bad' has dtype object"):
-        out.pack("r1", slot, {"bad": np.array([object()], dtype=object)}, {})
+        out.pack("r1", lease, {"bad": np.array([object()], dtype=object)}, {})
     assert out.pool.free == 2
 
 

@@ -1,4 +1,4 @@
-"""SlotPool: credits per edge, per-request counts, reclaim of a dead peer's slots."""
+"""SlotPool: credits per edge, leases, per-request counts, reclaim of a dead peer's slots."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from realtime_omni.pipeline.slots import SlotPool
 
 def test_acquire_until_exhausted() -> None:
     pool = SlotPool(3)
-    slots = [pool.acquire("r1", "p#0") for _ in range(3)]
-    assert sorted(slots) == [0, 1, 2]  # type: ignore[type-var]
+    leases = [pool.acquire("r1", "p#0") for _ in range(3)]
+    assert sorted(pool.slot(x) for x in leases if x is not None) == [0, 1, 2]
     assert pool.free == 0
     assert pool.acquire("r2", "p#0") is None
     assert pool.free == 0
@@ -24,8 +24,20 @@ def test_release_gives_the_request_and_frees_the_slot() -> None:
     assert a is not None and b is not None
     assert pool.release(b) == "r2"
     assert pool.free == 1
-    assert pool.acquire("r3", "p#0") == b  # the freed slot is lent again
+    c = pool.acquire("r3", "p#0")
+    assert c is not None and pool.slot(c) == pool.slot(b)  # the freed slot is lent again...
+    assert c != b  # ...under a new lease
     assert pool.release(a) == "r1"
+
+
+def test_the_last_slot_returned_is_lent_first() -> None:
+    pool = SlotPool(3)
+    a, b, c = (pool.acquire("r", "p#0") for _ in range(3))
+    assert a is not None and b is not None and c is not None
+    for x in (a, c, b):
+        pool.release(x)
+    again = pool.acquire("r", "p#0")
+    assert again is not None and pool.slot(again) == pool.slot(b)  # its memory is warmest
 
 
 def test_double_and_unknown_release() -> None:
@@ -38,7 +50,8 @@ def test_double_and_unknown_release() -> None:
     assert pool.release(-1) is None
     assert pool.free == 2
     # the duplicates did not put a slot in the free list twice
-    assert {pool.acquire("r", "p#0"), pool.acquire("r", "p#0")} == {0, 1}
+    again = [pool.acquire("r", "p#0"), pool.acquire("r", "p#0")]
+    assert {pool.slot(x) for x in again if x is not None} == {0, 1}
     assert pool.acquire("r", "p#0") is None
 
 
@@ -77,9 +90,10 @@ def test_late_ack_after_reclaim_is_ignored() -> None:
     assert s is not None
     pool.reclaim("dead#0")
     other = pool.acquire("r2", "live#0")
-    assert other != s  # freed slots go to the back of the queue
-    assert pool.release(s) is None
+    assert other is not None and pool.slot(other) == pool.slot(s)  # the same slot, lent again
+    assert pool.release(s) is None  # the dead peer's late ack does not free it
     assert (pool.free, pool.held("r2")) == (1, 1)
+    assert pool.release(other) == "r2"
 
 
 @pytest.mark.parametrize("n", [0, -1])
