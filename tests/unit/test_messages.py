@@ -1,9 +1,10 @@
-"""Every control message survives encode/decode unchanged."""
+"""Every control message survives encode/decode unchanged, and a socket gives them back whole."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
+import zmq
 
 from realtime_omni.pipeline import messages as m
 
@@ -93,3 +94,27 @@ def test_garbage_does_not_decode() -> None:
         m.decode(b"\x93\x01\x02")
     with pytest.raises(msgspec.ValidationError):
         m.decode(msgspec.msgpack.encode({"type": "NoSuchMessage"}))
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_receive_takes_exactly_a_messages_frames(copy: bool) -> None:
+    """Frames after frame 0 are counted from the message: the next message starts cleanly."""
+    ctx = zmq.Context()
+    out, inbox = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        inbox.bind("inproc://receive")
+        out.connect("inproc://receive")
+        refs = [m.ArrayRef("a", "uint8", (3,), 2), m.ArrayRef("b", "uint8", (2,), 1)]
+        m.send(out, m.DataReady("r", "a", "b", "p#0", 0, {}, refs, {}, "inline"), [b"bb", b"aaa"])
+        m.send(out, m.Heartbeat("p#0", 1))
+        assert zmq.select([inbox], [], [], 5)[0]
+        got = m.receive(inbox, copy)
+        assert got is not None
+        msg, frames = got
+        assert isinstance(msg, m.DataReady)
+        assert [bytes(f) for f in frames[1:]] == [b"bb", b"aaa"]
+        beat = m.receive(inbox, copy)
+        assert beat is not None and beat[0] == m.Heartbeat("p#0", 1) and len(beat[1]) == 1
+        assert m.receive(inbox, copy) is None
+    finally:
+        ctx.destroy(linger=0)
