@@ -14,8 +14,6 @@ cache, which makes copying a big payload into it faster (`benchmarks/transport.p
 
 from __future__ import annotations
 
-from collections import Counter
-
 
 class SlotPool:
     def __init__(self, n: int) -> None:
@@ -24,7 +22,7 @@ class SlotPool:
         self.n = n
         self._free = list(range(n - 1, -1, -1))  # a stack; slot 0 on top
         self._lent: dict[int, tuple[str, str]] = {}  # lease -> (request_id, peer process)
-        self._per_request: Counter[str] = Counter()
+        self._per_request: dict[str, int] = {}  # a plain dict: Counter's misses call Python
         self._leases = 0  # made so far
 
     @property
@@ -38,7 +36,7 @@ class SlotPool:
         lease = self._leases * self.n + self._free.pop()
         self._leases += 1
         self._lent[lease] = (request_id, peer)
-        self._per_request[request_id] += 1
+        self._per_request[request_id] = self._per_request.get(request_id, 0) + 1
         return lease
 
     def slot(self, lease: int) -> int:
@@ -53,8 +51,9 @@ class SlotPool:
             return None
         self._free.append(self.slot(lease))
         rid = owner[0]
-        self._per_request[rid] -= 1
-        if not self._per_request[rid]:
+        if (left := self._per_request[rid] - 1) > 0:
+            self._per_request[rid] = left
+        else:
             del self._per_request[rid]
         return rid
 
