@@ -16,6 +16,7 @@ from realtime_omni.pipeline.graph import Edge  # noqa: E402
 from realtime_omni.pipeline.relay import Inlet, Outlet  # noqa: E402
 
 SPIN_CYCLES = 200_000_000  # a GPU kernel of about 0.1 s, queued ahead of a read of the slot
+REPLY_TIMEOUT_S = 60.0  # the receiver's first reply waits for its CUDA start-up
 
 
 def _receive(conn: mp.connection.Connection) -> None:
@@ -36,6 +37,20 @@ def _spawn(target) -> tuple[mp.connection.Connection, mp.Process]:  # type: igno
     return parent, proc
 
 
+def _stop(conn: mp.connection.Connection, proc: mp.Process) -> None:
+    conn.close()  # a receiver still waiting gets EOFError
+    proc.join(timeout=30)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
+def _reply(conn: mp.connection.Connection, proc: mp.Process) -> object:
+    """The receiver's next answer; fails instead of hanging if it died."""
+    assert conn.poll(REPLY_TIMEOUT_S), f"no reply from the receiver (exit code {proc.exitcode})"
+    return conn.recv()
+
+
 def test_cuda_tensors_cross_processes_through_ipc_slots() -> None:
     edge = Edge("thinker", "talker_ar", "stream", "cuda_ipc", 2, 4 << 20)
     outlet = Outlet(edge, "gpu0#0", 0, os.getpid(), 0, "cuda:0")
@@ -47,12 +62,12 @@ def test_cuda_tensors_cross_processes_through_ipc_slots() -> None:
             msg, frames = outlet.pack("r", lease, {"x": x}, {})
             assert msg.transport == "cuda_ipc" and frames == []
             parent.send((m.encode(msg), frames))
-            device, dtype, shape, total = parent.recv()
+            device, dtype, shape, total = _reply(parent, proc)  # type: ignore[misc]
             assert (device, dtype, shape) == ("cuda:0", "torch.bfloat16", (784, 2048))
             assert total == pytest.approx(784 * 2048 * (i + 1))
             outlet.pool.release(lease)
     finally:
-        proc.join(timeout=30)
+        _stop(parent, proc)
         outlet.close()
     assert proc.exitcode == 0
 
@@ -80,13 +95,13 @@ def test_the_ack_waits_for_gpu_work_still_reading_the_slot() -> None:
         lease = outlet.acquire("r", "gpu1#0")
         msg, frames = outlet.pack("r", lease, {"x": torch.full((4096,), 1.0, device="cuda:0")}, {})
         parent.send((m.encode(msg), frames))
-        assert parent.recv() == "ack"
+        assert _reply(parent, proc) == "ack"
         outlet.pool.release(lease)
         lease = outlet.acquire("r", "gpu1#0")
         outlet.pack("r", lease, {"x": torch.full((4096,), 2.0, device="cuda:0")}, {})  # refill
         parent.send("refilled")
-        assert parent.recv() == 1.0  # without the settle, the queued copy reads the refill
+        assert _reply(parent, proc) == 1.0  # without the settle, the queued copy reads the refill
     finally:
-        proc.join(timeout=30)
+        _stop(parent, proc)
         outlet.close()
     assert proc.exitcode == 0

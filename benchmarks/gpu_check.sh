@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every check that needs a GPU, in one run: the CUDA IPC tests and the transport benchmark with
+# its cuda_ipc row. Made for a lent GPU machine whose python3 has CUDA torch but cannot reach
+# PyPI (see benchmarks/README.md, "GPU checks"):
+#
+#   benchmarks/gpu_check.sh wheels   here: the runtime's other packages as wheels in .whl/,
+#                                    the versions .venv has, for the GPU machine's Python
+#   benchmarks/gpu_check.sh          there: install .whl/ (if carried) aside, check, and write
+#                                    the results to $OUT (or gpu-check/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# What the pipeline runtime imports beyond numpy, ml_dtypes, pyyaml, psutil and pytest, which
+# the GPU image has.
+PACKAGES="pyzmq msgspec pydantic pydantic_core annotated-types typing-inspection typing_extensions"
+GPU_PYTHON_VERSION=${GPU_PYTHON_VERSION:-3.12}
+
+if [[ "${1:-}" == wheels ]]; then
+    rm -rf .whl && mkdir .whl
+    for name in $PACKAGES; do
+        version=$(.venv/bin/pip show "$name" | sed -n 's/^Version: //p')
+        .venv/bin/pip download -q --no-deps --only-binary=:all: -d .whl \
+            --python-version "$GPU_PYTHON_VERSION" --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 "$name==$version"
+    done
+    ls .whl
+    exit 0
+fi
+
+out=${OUT:-gpu-check}
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/rto-site .whl/*.whl
+    export PYTHONPATH=/tmp/rto-site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+python3 - <<'EOF' 2>&1 | tee "$out/device.txt"
+import platform, torch
+assert torch.cuda.is_available(), "torch sees no CUDA device: nothing to check here"
+print(platform.python_version(), "torch", torch.__version__, torch.cuda.get_device_name(),
+      torch.cuda.device_count(), "device(s)")
+EOF
+status=0
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integration/test_cuda_ipc.py \
+    2>&1 | tee "$out/pytest.txt" || status=1
+timeout 300 python3 benchmarks/transport.py --rounds 3 --json "$out/transport.json" \
+    2>&1 | tee "$out/transport.txt" || status=1
+exit $status
