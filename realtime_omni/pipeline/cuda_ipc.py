@@ -1,7 +1,7 @@
 """CUDA IPC slot pools: GPU-to-GPU payloads between processes on one machine.
 
-The one module of `pipeline/` that imports torch, and only when an edge moves CUDA tensors (the
-relay imports it lazily), so CPU-only deployments never load torch here.
+The one module of `pipeline/` that imports torch, and only when a payload holds torch tensors
+(the relay imports it lazily), so deployments that move numpy arrays never load torch here.
 
 The sender allocates one buffer of `slots * slot_bytes` on its GPU and shares its IPC handle once
 (pickled: it is a handle, not a payload); each payload is a device-to-device copy into its slot,
@@ -83,7 +83,8 @@ def can_access(src: torch.device, dst: str) -> bool:
 
 
 def to_numpy(t: torch.Tensor) -> Any:
-    """A CPU numpy copy of a tensor, bfloat16 included (as ml_dtypes.bfloat16)."""
+    """The values of a tensor as a numpy array on the CPU, bfloat16 included (as
+    ml_dtypes.bfloat16); it shares memory with a tensor that is contiguous on the CPU already."""
     import ml_dtypes
 
     t = t.detach().cpu().contiguous()

@@ -12,6 +12,8 @@ Lifecycle of a request in one stage:
     abort(rid)                       at any time: drop everything held for rid
 
 Arrays in `inputs` and `item` are read-only views valid only during the call: copy what you keep.
+An `Emit`'s data may hold numpy arrays, CUDA tensors (moved GPU to GPU on `cuda_ipc` edges) and
+CPU torch tensors; across processes, a CPU tensor arrives as a numpy array (`pipeline/relay.py`).
 An `Emit` with `done=True` is the request's last here: its streams close and its state is gone.
 
 Optional: `hold(rid, held)`. While a request is held (its outputs wait for credit downstream,

@@ -2,7 +2,9 @@
 
 A payload is a dict: numpy arrays (any dtype, bfloat16 via ml_dtypes) move as raw bytes with
 their dtype and shape, never pickled; every other value is small metadata carried in the control
-message (msgpack: numbers, strings, bytes, lists, dicts). CUDA tensors move on `cuda_ipc` edges.
+message (msgpack: numbers, strings, bytes, lists, dicts). CUDA tensors move on `cuda_ipc` edges;
+a torch tensor on the CPU moves as the numpy array of its values (the receiver gets numpy,
+bfloat16 as ml_dtypes').
 
 Transports (chosen per edge by `Graph`):
 - reference: same process, the dict itself is handed over (the worker does it; no packing);
@@ -60,7 +62,8 @@ def _is_cuda(x: Any) -> bool:
 
 
 def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    """(metadata, arrays, whether any array is a CUDA tensor) of a payload."""
+    """(metadata, arrays, whether any array is a CUDA tensor) of a payload; a torch tensor
+    off the GPU is given as a numpy array."""
     meta, arrays, cuda = {}, {}, False
     for k, v in payload.items():
         if type(v) in _PLAIN:  # most metadata: skip the checks below (getattr raising is slow)
@@ -69,9 +72,14 @@ def split_payload(payload: Payload) -> tuple[dict[str, Any], dict[str, Any], boo
             if v.dtype.hasobject:
                 raise RequestError(f"payload array {k!r} has dtype object; it cannot be moved")
             arrays[k] = v
-        elif _is_cuda(v):
-            arrays[k] = v
-            cuda = True
+        elif (on_cuda := getattr(v, "is_cuda", None)) is not None:  # a torch tensor
+            if on_cuda:
+                arrays[k] = v
+                cuda = True
+            else:
+                from realtime_omni.pipeline.cuda_ipc import to_numpy
+
+                arrays[k] = to_numpy(v)
         else:
             meta[k] = v
     return meta, arrays, cuda

@@ -105,6 +105,25 @@ def test_round_trip(process: str, transport: str, inline_max: int) -> None:
     out.close()
 
 
+@pytest.mark.parametrize(("transport", "inline_max"), [("inline", 1 << 16), ("shm", 0)])
+def test_cpu_torch_tensors_move_as_numpy(process: str, transport: str, inline_max: int) -> None:
+    torch = pytest.importorskip("torch")
+    out = Outlet(edge(transport), process, 0, PID, inline_max_bytes=inline_max)
+    sent = {
+        "bf16": torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16),
+        "i64": torch.arange(4),
+        "strided": torch.arange(12, dtype=torch.float32).reshape(3, 4)[:, ::2],
+    }
+    msg, frames = send(out, {**sent, "n": 1})
+    got = Inlet().open(msg, frames)
+    assert got["n"] == 1
+    assert got["bf16"].dtype == ml_dtypes.bfloat16 and got["bf16"].shape == (2, 3)
+    assert got["bf16"].astype(np.float32).tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert got["i64"].dtype == np.int64 and got["i64"].tolist() == [0, 1, 2, 3]
+    assert got["strided"].tolist() == [[0, 2], [4, 6], [8, 10]]
+    out.close()
+
+
 def test_shm_arrays_are_views_of_the_segment(process: str) -> None:
     out = Outlet(edge("shm", slots=2, slot_bytes=4096), process, 0, PID, inline_max_bytes=0)
     inlet = Inlet()
