@@ -22,6 +22,7 @@ cuda_ipc edge an asynchronous copy will do: `Inlet.settle` runs before the ackno
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from functools import cache
 from typing import Any
@@ -34,6 +35,8 @@ from realtime_omni.pipeline.graph import Edge
 from realtime_omni.pipeline.messages import ArrayRef, DataReady
 from realtime_omni.pipeline.shm import Segment, segment_name
 from realtime_omni.pipeline.slots import SlotPool
+
+log = logging.getLogger(__name__)
 
 Payload = dict[str, Any]
 ALIGN = 256  # array offsets in a slot, and slot strides (CUDA likes 256)
@@ -122,6 +125,7 @@ class Outlet:
             # tens of milliseconds, which a first request, or the gateway's event loop, would pay.
             self.segment = Segment(self._segment_name, edge.slots * self.stride, create=True)
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
+        self.ipc: bool | None = None  # whether CUDA IPC works on this edge, found on first use
 
     def acquire(self, request_id: str, peer: str) -> int | None:
         """A lease on a slot for one payload of `request_id`, or None: none free, or the request
@@ -181,7 +185,7 @@ class Outlet:
 
     def _to_cuda_slot(self, msg: DataReady, slot: int, arrays: dict[str, Any]) -> dict[str, Any]:
         """Put CUDA tensors in the edge's GPU slot; gives what is left to send otherwise (the
-        arrays as numpy where the GPUs cannot reach each other)."""
+        arrays as numpy where the GPUs cannot reach each other, or CUDA IPC is unavailable)."""
         e = self.edge
         if e.transport != "cuda_ipc" or not all(_is_cuda(a) for a in arrays.values()):
             raise RequestError(
@@ -191,9 +195,15 @@ class Outlet:
         from realtime_omni.pipeline.cuda_ipc import CudaSlots, can_access, to_numpy
 
         first = next(iter(arrays.values()))
-        if self.cuda is None and can_access(first.device, self.dst_device):
-            self.cuda = CudaSlots(first.device, e.slots, self.stride, self._segment_name)
-        if self.cuda is None:  # the GPUs cannot reach each other: stage through shared memory
+        if self.ipc is None:
+            self.ipc = can_access(first.device, self.dst_device)
+            try:
+                if self.ipc:
+                    self.cuda = CudaSlots(first.device, e.slots, self.stride, self._segment_name)
+            except RuntimeError as err:  # no IPC handles here: some sandboxes and containers
+                log.warning("edge %s: no CUDA IPC (%s); staging through shared memory", e.key, err)
+                self.ipc = False
+        if not self.ipc:
             return {k: to_numpy(v) for k, v in arrays.items()}
         msg.transport, msg.segment, msg.handle = "cuda_ipc", self.cuda.pool_id, self.cuda.handle
         msg.arrays = self.cuda.write(slot, arrays)
@@ -218,7 +228,7 @@ class Outlet:
             self.segment.close()
             self.segment.unlink()
             self.segment = None
-        self.cuda = None
+        self.cuda = self.ipc = None
 
 
 class Inlet:
@@ -238,7 +248,15 @@ class Inlet:
             if pool is None:
                 from realtime_omni.pipeline.cuda_ipc import open_pool
 
-                pool = self._cache(self._cuda, msg.segment, open_pool(msg.handle))
+                try:
+                    opened = open_pool(msg.handle)
+                except RuntimeError as err:
+                    raise RequestError(
+                        f"cannot map the CUDA IPC pool of edge {msg.src}->{msg.dst}: {err}. Fix: "
+                        f"add {{src: {msg.src}, dst: {msg.dst}, transport: shm}} to the config's "
+                        "edges"
+                    ) from err
+                pool = self._cache(self._cuda, msg.segment, opened)
             for ref in msg.arrays:
                 payload[ref.name] = pool.view(ref)
             return payload

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from realtime_omni.errors import OmniError
+from realtime_omni.errors import OmniError, RequestError
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.executor import Emit, StageContext, load_executor
@@ -321,7 +321,7 @@ class Worker:
             if item.msg is not None:
                 try:
                     payload = self.inlet.open(item.msg, item.frames or [])
-                except (OSError, ValueError) as e:
+                except (OSError, ValueError, RequestError) as e:
                     item.release()
                     stage.fail(item.request_id, f"cannot read payload from {item.src}: {e}")
                     continue

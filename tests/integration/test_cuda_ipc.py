@@ -105,3 +105,28 @@ def test_the_ack_waits_for_gpu_work_still_reading_the_slot() -> None:
         _stop(parent, proc)
         outlet.close()
     assert proc.exitcode == 0
+
+
+def test_without_cuda_ipc_the_edge_stages_through_shared_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from realtime_omni.pipeline import cuda_ipc
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("CUDA error: operation not supported")  # as in some sandboxes
+
+    monkeypatch.setattr(cuda_ipc, "CudaSlots", refuse)
+    edge = Edge("thinker", "talker_ar", "stream", "cuda_ipc", 2, 1 << 20)
+    outlet = Outlet(edge, f"gpu0-{os.getpid()}#0", 0, os.getpid(), 0, "cuda:0")
+    try:
+        for value in (1.0, 2.0):  # the second payload takes the same path without trying again
+            lease = outlet.acquire("r", "gpu1#0")
+            x = torch.full((4, 2048), value, dtype=torch.bfloat16, device="cuda:0")
+            msg, frames = outlet.pack("r", lease, {"x": x}, {})
+            assert msg.transport == "shm" and outlet.ipc is False
+            got = Inlet().open(m.decode(m.encode(msg)), [m.encode(msg), *frames])["x"]
+            assert got.shape == (4, 2048) and float(got.astype("float32").mean()) == value
+            del got
+            outlet.pool.release(lease)
+    finally:
+        outlet.close()

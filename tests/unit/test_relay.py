@@ -13,7 +13,7 @@ import pytest
 
 from realtime_omni.errors import PayloadTooLarge, RequestError
 from realtime_omni.pipeline.graph import Edge
-from realtime_omni.pipeline.messages import DataReady, decode, encode
+from realtime_omni.pipeline.messages import ArrayRef, DataReady, decode, encode
 from realtime_omni.pipeline.relay import Inlet, Outlet, copy_payload, payload_nbytes
 from realtime_omni.pipeline.shm import SHM_DIR, list_segments, segment_name, unlink_segments
 
@@ -122,6 +122,23 @@ def test_cpu_torch_tensors_move_as_numpy(process: str, transport: str, inline_ma
     assert got["i64"].dtype == np.int64 and got["i64"].tolist() == [0, 1, 2, 3]
     assert got["strided"].tolist() == [[0, 2], [4, 6], [8, 10]]
     out.close()
+
+
+def test_a_cuda_ipc_pool_that_cannot_be_mapped_fails_the_request_with_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cuda_ipc = pytest.importorskip("realtime_omni.pipeline.cuda_ipc")
+
+    def refuse(handle: bytes) -> None:
+        raise RuntimeError("CUDA error: invalid device context")
+
+    monkeypatch.setattr(cuda_ipc, "open_pool", refuse)
+    ref = ArrayRef("x", "bfloat16", (2,), -1, 0, 4)
+    msg = DataReady("r1", "a", "b", "a#0", 0, {}, [ref], {}, "cuda_ipc", "pool", b"handle")
+    with pytest.raises(RequestError) as info:
+        Inlet().open(msg, [])
+    assert "invalid device context" in str(info.value)
+    assert "Fix: add {src: a, dst: b, transport: shm}" in str(info.value)
 
 
 def test_shm_arrays_are_views_of_the_segment(process: str) -> None:
