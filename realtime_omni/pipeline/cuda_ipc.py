@@ -82,6 +82,13 @@ def can_access(src: torch.device, dst: str) -> bool:
     return a == b or torch.cuda.can_device_access_peer(a, b)
 
 
+def from_numpy(a: Any, device: str) -> torch.Tensor:
+    """A copy of a numpy array on `device`, bfloat16 (ml_dtypes') included."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view("int16")).to(device).view(torch.bfloat16)
+    return torch.from_numpy(a).to(device)
+
+
 def to_numpy(t: torch.Tensor) -> Any:
     """The values of a tensor as a numpy array on the CPU, bfloat16 included (as
     ml_dtypes.bfloat16); it shares memory with a tensor that is contiguous on the CPU already."""

@@ -23,6 +23,10 @@ item it derives from) and `index`; generated items carry a made-up word as `text
 pass on joined. A step serves every
 active request at once, as a batched GPU step would; time passes in `time.sleep`, so a
 simulated stage does not load the CPU.
+
+A stage placed on a cuda device (torch needed) gives other stages its arrays as CUDA tensors, so
+edges between cuda stages carry them by CUDA IPC; its outputs to the caller stay numpy. Give a
+CPU stage fed by a cuda stage no arrays (the runtime refuses CUDA tensors on a CPU edge).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 
 from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline.executor import Emit, StageContext
+from realtime_omni.pipeline.messages import CLIENT
 from realtime_omni.pipeline.relay import dtype_of
 
 Payload = dict[str, Any]
@@ -89,9 +94,10 @@ class SimulatedExecutor:
         if self.serial and self.role == "chunk":
             self.first_chunk = self.chunk = 1 << 30
         self.targets = ctx.downstream
+        self.device = ctx.device
         self.outputs: dict[str, dict[str, tuple[str, list[Any]]]] = p.get("outputs", {})
         self.reqs: dict[str, _Req] = {}
-        self._arrays: dict[tuple[str, str, int], np.ndarray] = {}
+        self._arrays: dict[tuple[str, str, str], Any] = {}  # numpy arrays, CUDA tensors
 
     # ---- executor contract ---------------------------------------------------------------
 
@@ -218,14 +224,16 @@ class SimulatedExecutor:
         emits = []
         for target in self.targets:
             spec = self.outputs.get(target, self.outputs.get("*", {}))
+            on_gpu = self.device.startswith("cuda") and target != CLIENT
             payload: Payload = dict(meta)
             for name, (dtype, shape) in spec.items():
-                payload[name] = self._array(dtype, tuple(n if d == "n" else d for d in shape))
+                shape = tuple(n if d == "n" else d for d in shape)
+                payload[name] = self._array(dtype, shape, self.device if on_gpu else "cpu")
             emits.append(Emit(rid, payload, to=target))
         return emits
 
-    def _array(self, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        key = (dtype, str(shape), 0)
+    def _array(self, dtype: str, shape: tuple[int, ...], device: str) -> Any:
+        key = (dtype, str(shape), device)
         a = self._arrays.get(key)
         if a is None:
             if len(self._arrays) > 64:  # chunk sizes vary only a little; keep the cache small
@@ -236,6 +244,11 @@ class SimulatedExecutor:
                 a = tone.astype(dt).reshape(shape)
             else:
                 a = np.ones(shape, dtype=dt)
-            a.flags.writeable = False
+            if device == "cpu":
+                a.flags.writeable = False
+            else:
+                from realtime_omni.pipeline.cuda_ipc import from_numpy
+
+                a = from_numpy(a, device)
             self._arrays[key] = a
         return a

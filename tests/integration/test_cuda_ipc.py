@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 
@@ -12,8 +13,14 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from realtime_omni.pipeline import messages as m  # noqa: E402
+from realtime_omni.pipeline.config import parse_config  # noqa: E402
+from realtime_omni.pipeline.coordinator import Coordinator  # noqa: E402
 from realtime_omni.pipeline.graph import Edge  # noqa: E402
 from realtime_omni.pipeline.relay import Inlet, Outlet  # noqa: E402
+from tests.conftest import run, simulated_config  # noqa: E402
+from tests.integration.test_pipeline import FAST, all_slots_free, check_complete, until  # noqa: E402
+
+pytestmark = pytest.mark.gpu
 
 SPIN_CYCLES = 200_000_000  # a GPU kernel of about 0.1 s, queued ahead of a read of the slot
 REPLY_TIMEOUT_S = 60.0  # the receiver's first reply waits for its CUDA start-up
@@ -130,3 +137,31 @@ def test_without_cuda_ipc_the_edge_stages_through_shared_memory(
             outlet.pool.release(lease)
     finally:
         outlet.close()
+
+
+def test_the_simulated_graph_moves_tensors_between_its_gpu_stages_by_ipc() -> None:
+    """Thinker, talker and code2wav on cuda:0 in three processes: hidden states and codes go as
+    CUDA tensors through IPC slots; requests complete, an abort leaves every slot free."""
+    data = simulated_config(FAST)
+    for stage in ("thinker", "talker_ar", "code2wav"):
+        data["stages"][stage]["device"] = "cuda:0"
+
+    async def body() -> None:
+        async with Coordinator(parse_config(data)) as coord:
+            for src, dst in (("thinker", "talker_ar"), ("talker_ar", "code2wav")):
+                assert coord.graph.edge(src, dst).transport == "cuda_ipc"
+
+            async def one(i: int) -> None:
+                stream = await coord.submit({"max_tokens": 5 + i % 7}, request_id=f"r{i}")
+                check_complete(await stream.collect(), 5 + i % 7)
+
+            await asyncio.gather(*(one(i) for i in range(8)))
+            stream = await coord.submit({"max_tokens": 200})
+            async for out in stream:
+                if out.stage == "code2wav":
+                    break
+            await coord.abort(stream.request_id)
+            await until(lambda: coord.in_flight == 0, "every stage done with every request")
+            await all_slots_free(coord)
+
+    run(body(), limit_s=180)
