@@ -16,6 +16,7 @@ PACKAGES="pyzmq msgspec pydantic pydantic_core annotated-types typing-inspection
 GPU_PYTHON_VERSION=${GPU_PYTHON_VERSION:-3.12}
 
 if [[ "${1:-}" == wheels ]]; then
+    [[ -x .venv/bin/pip ]] || { echo "no .venv here: run make install first" >&2; exit 1; }
     rm -rf .whl && mkdir .whl
     for name in $PACKAGES; do
         version=$(.venv/bin/pip show "$name" | sed -n 's/^Version: //p')
