@@ -45,8 +45,8 @@ print(platform.python_version(), "torch", torch.__version__, torch.cuda.get_devi
       torch.cuda.device_count(), "device(s)")
 EOF
 status=0
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/integration/test_cuda_ipc.py \
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_cuda_ipc.py \
     2>&1 | tee "$out/pytest.txt" || status=1
-timeout 300 python3 benchmarks/transport.py --rounds 3 --json "$out/transport.json" \
+timeout 240 python3 benchmarks/transport.py --rounds 3 --json "$out/transport.json" \
     2>&1 | tee "$out/transport.txt" || status=1
 exit $status
