@@ -76,6 +76,13 @@ def open_pool(handle: bytes) -> _OpenPool:
     return _OpenPool(handle)
 
 
+def missing(device: str) -> str | None:
+    """Why torch cannot use `device` (a "cuda:N") on this machine, or None if it can."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = torch.device(device).index or 0
+    return None if index < count else f"torch sees {count} CUDA device(s) here"
+
+
 def can_access(src: torch.device, dst: str) -> bool:
     """Whether CUDA IPC works between two devices of this machine (else use shared memory)."""
     a, b = torch.device(src).index or 0, torch.device(dst).index or 0

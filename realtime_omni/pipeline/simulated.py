@@ -95,6 +95,14 @@ class SimulatedExecutor:
             self.first_chunk = self.chunk = 1 << 30
         self.targets = ctx.downstream
         self.device = ctx.device
+        if self.device.startswith("cuda"):
+            from realtime_omni.pipeline.cuda_ipc import missing
+
+            if (why := missing(self.device)) is not None:
+                raise ConfigError(
+                    f"stages.{ctx.stage}.device = {self.device!r}: {why}. Fix: place the stage "
+                    "on cpu, or run it on a machine with that GPU"
+                )
         self.outputs: dict[str, dict[str, tuple[str, list[Any]]]] = p.get("outputs", {})
         self.reqs: dict[str, _Req] = {}
         self._arrays: dict[tuple[str, str, str], Any] = {}  # numpy arrays, CUDA tensors
