@@ -363,8 +363,7 @@ class Worker:
         src_process, ack = msg.src_process, m.DataAck(msg.src, msg.dst, msg.lease)
 
         def release() -> None:
-            if msg.transport == "cuda_ipc":
-                self.inlet.settle(msg)
+            self.inlet.settle(msg)  # a CUDA IPC slot: wait for our GPU work still reading it
             self._send(src_process, ack)
 
         if msg.request_id in self.stages[msg.dst].closed:
