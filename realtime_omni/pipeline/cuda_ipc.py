@@ -89,8 +89,9 @@ def can_access(src: torch.device, dst: str) -> bool:
     return a == b or torch.cuda.can_device_access_peer(a, b)
 
 
-def from_numpy(a: Any, device: str) -> torch.Tensor:
-    """A copy of a numpy array on `device`, bfloat16 (ml_dtypes') included."""
+def from_numpy(a: Any, device: str | torch.device) -> torch.Tensor:
+    """A numpy array as a tensor on `device` (a copy, except on the CPU where it shares the
+    memory), bfloat16 (ml_dtypes') included."""
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view("int16")).to(device).view(torch.bfloat16)
     return torch.from_numpy(a).to(device)

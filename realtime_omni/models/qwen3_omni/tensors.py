@@ -1,8 +1,8 @@
 """torch <-> numpy for payloads, and the per-stage torch setup every executor does.
 
 Payload arrays are numpy (bfloat16 as `ml_dtypes.bfloat16`, which torch cannot read directly:
-the bits are reinterpreted through int16). `to_numpy` copies to host memory; `to_torch` copies
-the (read-only, borrowed) array into a tensor the executor owns.
+`pipeline/cuda_ipc.py` reinterprets the bits through int16). `to_numpy` copies to host memory;
+`to_torch` copies the (read-only, borrowed) array into a tensor the executor owns.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import torch
+
+from realtime_omni.pipeline import cuda_ipc
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,19 +27,12 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A host copy of `t` (bfloat16 as ml_dtypes.bfloat16)."""
-    t = t.detach().to("cpu")
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-    return t.contiguous().numpy().copy()
+    return np.array(cuda_ipc.to_numpy(t), copy=True)
 
 
 def to_torch(a: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
     """A tensor that owns a copy of `a` (safe to keep after the call that lent `a`)."""
-    if a.dtype == ml_dtypes.bfloat16:
-        t = torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(np.array(a, copy=True))
-    return t.to(device)
+    return cuda_ipc.from_numpy(np.array(a, copy=True), device)
 
 
 def setup_torch(device: str) -> torch.device:
