@@ -53,7 +53,9 @@ class DataReady(_Message):
     transport: str  # "inline" | "shm" | "cuda_ipc"
     segment: str = ""  # shm segment name, or CUDA IPC pool id
     handle: bytes = b""  # CUDA IPC pool handle, read once per pool by the receiver
-    blob: bytes = b""  # small arrays' bytes, back to back
+    # Small arrays' bytes, back to back. Decoded as a view into the received frame (no copy);
+    # a sender may set bytes.
+    blob: memoryview = memoryview(b"")
 
 
 class DataAck(_Message):
@@ -199,7 +201,7 @@ def receive(sock: Any, copy: bool = True) -> tuple[Message, list[Any]] | None:
         first = sock.recv(zmq.NOBLOCK, copy=copy)
     except zmq.Again:
         return None
-    msg = decode(getattr(first, "buffer", first))
+    msg = decode(first if copy else first.buffer.toreadonly())  # arrays view it read-only
     frames = [first]
     if type(msg) is DataReady:
         for _ in range(max([r.frame for r in msg.arrays], default=0)):

@@ -242,7 +242,7 @@ class Inlet:
 
     def open(self, msg: DataReady, frames: list[Any]) -> Payload:
         """The payload of `msg`; arrays are read-only and valid until the message is acked."""
-        payload: Payload = dict(msg.meta)
+        payload: Payload = msg.meta  # decoded for this message alone: no copy needed
         if msg.transport == "cuda_ipc":
             pool = self._cuda.get(msg.segment)
             if pool is None:
@@ -272,7 +272,7 @@ class Inlet:
             return payload
         for ref in msg.arrays:
             dt = dtype_of(ref.dtype)
-            if ref.frame == 0:  # in the blob: bytes, so the view is read-only already
+            if ref.frame == 0:  # in the blob, a read-only view of the received frame
                 a = np.frombuffer(msg.blob, dt, ref.nbytes // dt.itemsize, ref.offset)
             else:
                 buf = frames[ref.frame]

@@ -1,4 +1,4 @@
-"""Outlet/Inlet in one process: frames are passed as a list, no sockets."""
+"""Outlet/Inlet in one process: frames are passed as a list (one test uses an inproc socket)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+import zmq
 
 from realtime_omni.errors import PayloadTooLarge, RequestError
+from realtime_omni.pipeline import messages
 from realtime_omni.pipeline.graph import Edge
 from realtime_omni.pipeline.messages import ArrayRef, DataReady, decode, encode
 from realtime_omni.pipeline.relay import Inlet, Outlet, copy_payload, payload_nbytes
@@ -122,6 +124,29 @@ def test_cpu_torch_tensors_move_as_numpy(process: str, transport: str, inline_ma
     assert got["i64"].dtype == np.int64 and got["i64"].tolist() == [0, 1, 2, 3]
     assert got["strided"].tolist() == [[0, 2], [4, 6], [8, 10]]
     out.close()
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_inline_arrays_arrive_as_read_only_views_of_the_frame(process: str, copy: bool) -> None:
+    """Through a real socket, copied out (ipc edges) or zero-copy (tcp edges): a small array
+    views the received frame, read-only either way."""
+    out = Outlet(edge("tcp"), process, 0, PID, inline_max_bytes=1 << 16)
+    ctx = zmq.Context()
+    tx, rx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        rx.bind("inproc://inline")
+        tx.connect("inproc://inline")
+        lease = out.acquire("r1", "b#0")
+        assert lease is not None
+        messages.send(tx, *out.pack("r1", lease, {"x": np.arange(6, dtype=np.int32)}, {}))
+        assert zmq.select([rx], [], [], 5)[0]
+        got = messages.receive(rx, copy)
+        assert got is not None and isinstance(got[0], DataReady)
+        x = Inlet().open(*got)["x"]
+        assert x.tolist() == [0, 1, 2, 3, 4, 5] and not x.flags.writeable
+        assert isinstance(got[0].blob, memoryview)  # decoded in place, not copied
+    finally:
+        ctx.destroy(linger=0)
 
 
 def test_a_cuda_ipc_pool_that_cannot_be_mapped_fails_the_request_with_the_fix(
