@@ -87,12 +87,11 @@ def produce(a: Any, i: int) -> int:
 def last_byte(a: Any) -> int:
     """Read the last byte, so a lazy mapping or an unfinished copy cannot look fast (and the
     receiver can check it got this hop's payload)."""
-    flat = a.reshape(-1)
-    if isinstance(a, np.ndarray):
-        return int(flat.view(np.uint8)[-1])
+    if isinstance(a, np.ndarray):  # item(-1): the last element, whatever the shape
+        return a.item(-1) if a.dtype == np.uint8 else a.view(np.uint8).item(-1)
     import torch
 
-    return int(flat.view(torch.uint8)[-1].item())
+    return int(a.reshape(-1).view(torch.uint8)[-1].item())
 
 
 def iters_for(nbytes: int, override: int | None) -> int:
