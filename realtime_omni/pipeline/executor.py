@@ -14,6 +14,9 @@ Lifecycle of a request in one stage:
 Arrays in `inputs` and `item` are read-only views valid only during the call: copy what you keep.
 An `Emit`'s data may hold numpy arrays, CUDA tensors (moved GPU to GPU on `cuda_ipc` edges) and
 CPU torch tensors; across processes, a CPU tensor arrives as a numpy array (`pipeline/relay.py`).
+Emitted arrays are handed over, not copied at once: a stage in the same process gets the very
+objects, and a payload waiting for credit is read when it is sent. Do not write into an array or
+tensor after emitting it; emit a fresh one (or a copy) instead of reusing a buffer.
 An `Emit` with `done=True` is the request's last here: its streams close and its state is gone.
 
 Optional: `hold(rid, held)`. While a request is held (its outputs wait for credit downstream,
