@@ -12,7 +12,9 @@ Transports (chosen per edge by `Graph`):
   as extra ZMQ frames of it;
 - shm: arrays are copied into a slot of a segment the sender owns; payloads up to
   `inline_max_bytes` still ride inline;
-- cuda_ipc: CUDA tensors are copied into a slot of a GPU pool the sender owns.
+- cuda_ipc: CUDA tensors are copied into a slot of a GPU pool the sender owns. CUDA tensors on
+  any other edge (to a CPU stage, to the client), or mixed with numpy arrays in one payload,
+  move as numpy like the rest.
 
 Every payload takes one credit (a lease) of the edge's `SlotPool`, whatever the transport; the
 receiver's `DataAck` gives it back. Arrays the receiver gets from a slot are read-only views, valid
@@ -184,16 +186,14 @@ class Outlet:
         return msg, frames
 
     def _to_cuda_slot(self, msg: DataReady, slot: int, arrays: dict[str, Any]) -> dict[str, Any]:
-        """Put CUDA tensors in the edge's GPU slot; gives what is left to send otherwise (the
-        arrays as numpy where the GPUs cannot reach each other, or CUDA IPC is unavailable)."""
-        e = self.edge
-        if e.transport != "cuda_ipc" or not all(_is_cuda(a) for a in arrays.values()):
-            raise RequestError(
-                f"edge {e.key} ({e.transport}) got CUDA tensors; move them to the CPU as numpy "
-                "arrays in the executor, or place both stages on cuda devices (all arrays)"
-            )
+        """Put CUDA tensors in the edge's GPU slot; gives what is left to send otherwise: the
+        arrays as numpy where the edge is not GPU to GPU, some arrays are not on a GPU, the GPUs
+        cannot reach each other, or CUDA IPC is unavailable."""
         from realtime_omni.pipeline.cuda_ipc import CudaSlots, can_access, to_numpy
 
+        e = self.edge
+        if e.transport != "cuda_ipc" or not all(_is_cuda(a) for a in arrays.values()):
+            return {k: to_numpy(v) if _is_cuda(v) else v for k, v in arrays.items()}
         first = next(iter(arrays.values()))
         if self.ipc is None:
             self.ipc = can_access(first.device, self.dst_device)

@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing as mp
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -135,6 +136,27 @@ def test_without_cuda_ipc_the_edge_stages_through_shared_memory(
             assert got.shape == (4, 2048) and float(got.astype("float32").mean()) == value
             del got
             outlet.pool.release(lease)
+    finally:
+        outlet.close()
+
+
+@pytest.mark.parametrize(("transport", "mixed"), [("shm", False), ("cuda_ipc", True)])
+def test_cuda_tensors_off_a_gpu_to_gpu_edge_move_as_numpy(transport: str, mixed: bool) -> None:
+    """To a CPU stage (an shm edge), or mixed with numpy arrays in one payload, CUDA tensors
+    arrive as numpy arrays of their values."""
+    edge = Edge("thinker", "decode", "stream", transport, 2, 1 << 20)
+    outlet = Outlet(edge, f"gpu0-{os.getpid()}#0", 0, os.getpid(), 0, "cpu")
+    try:
+        x = torch.full((4, 2048), 3.0, dtype=torch.bfloat16, device="cuda:0")
+        payload = {"x": x, **({"ids": np.arange(3)} if mixed else {})}
+        lease = outlet.acquire("r", "cpu#0")
+        msg, frames = outlet.pack("r", lease, payload, {})
+        assert msg.transport == "shm"
+        got = Inlet().open(m.decode(m.encode(msg)), [m.encode(msg), *frames])
+        assert got["x"].shape == (4, 2048) and float(got["x"].astype("float32").mean()) == 3.0
+        assert not mixed or got["ids"].tolist() == [0, 1, 2]
+        del got
+        outlet.pool.release(lease)
     finally:
         outlet.close()
 

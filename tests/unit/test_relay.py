@@ -77,7 +77,7 @@ META = {"text": "héllo", "n": 3, "f": 0.5, "flag": True, "raw": b"\x00\x01", "n
 )
 def test_round_trip(process: str, transport: str, inline_max: int) -> None:
     """inline_max 0: arrays in frames of their own (or the slot); 64 KB: all in the message.
-    A cuda_ipc edge given numpy arrays (as the Qwen3-Omni executors emit) moves them as shm."""
+    A cuda_ipc edge given numpy arrays (a stage on the CPU emits them) moves them as shm."""
     out = Outlet(edge(transport), process, 0, PID, inline_max_bytes=inline_max)
     inlet = Inlet()
     sent = arrays()

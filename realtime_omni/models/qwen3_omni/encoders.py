@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch, to_numpy, to_torch
+from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
 from realtime_omni.pipeline.executor import Emit, StageContext
 
@@ -65,7 +65,7 @@ class AudioEncoderExecutor(_EncoderExecutor):
     def _encode(self, inputs: dict[str, torch.Tensor]) -> Payload:
         mel = inputs["mel"].to(self.dtype)
         out = self.model(mel, feature_lens=inputs["audio_lengths"], return_dict=True)
-        return {"audio_embeds": to_numpy(out.last_hidden_state)}
+        return {"audio_embeds": out.last_hidden_state}
 
 
 class ImageEncoderExecutor(_EncoderExecutor):
@@ -75,4 +75,4 @@ class ImageEncoderExecutor(_EncoderExecutor):
         pixels = inputs["pixel_values"].to(self.dtype)
         out = self.model(pixels, grid_thw=inputs["image_grid_thw"])
         deepstack = torch.stack(list(out.deepstack_features))
-        return {"image_embeds": to_numpy(out.pooler_output), "deepstack": to_numpy(deepstack)}
+        return {"image_embeds": out.pooler_output, "deepstack": deepstack}

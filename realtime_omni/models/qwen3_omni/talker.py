@@ -24,13 +24,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler
-from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch, to_numpy, to_torch
+from realtime_omni.models.qwen3_omni.tensors import (
+    model_dtype,
+    nonempty,
+    setup_torch,
+    to_numpy,
+    to_torch,
+)
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir, read_rows
 from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
 
@@ -112,7 +117,7 @@ class TalkerExecutor(HoldsRequests):
 
         def tensor(name: str) -> torch.Tensor | None:
             a = merged.get(name)
-            return to_torch(a, self.device) if isinstance(a, np.ndarray) and a.size else None
+            return to_torch(a, self.device) if nonempty(a) else None
 
         try:
             sampler = Sampler.from_meta(merged, "talker_", **self.default_sampling)

@@ -1,8 +1,12 @@
 """torch <-> numpy for payloads, and the per-stage torch setup every executor does.
 
-Payload arrays are numpy (bfloat16 as `ml_dtypes.bfloat16`, which torch cannot read directly:
-`pipeline/cuda_ipc.py` reinterprets the bits through int16). `to_numpy` copies to host memory;
-`to_torch` copies the (read-only, borrowed) array into a tensor the executor owns.
+What the model stages hand each other (embeddings, hidden states) they emit as tensors on their
+device: between GPUs of one machine the runtime moves them through CUDA IPC, elsewhere it sends
+their values as numpy. So an input array is numpy (bfloat16 as `ml_dtypes.bfloat16`, which torch
+cannot read directly: `pipeline/cuda_ipc.py` reinterprets the bits through int16) or a tensor (a
+view of a CUDA IPC slot, or a tensor of a stage in this process); either way it is borrowed, and
+`to_torch` copies it into a tensor the executor owns. `to_numpy` copies to host memory, for what
+goes to the client.
 """
 
 from __future__ import annotations
@@ -30,9 +34,18 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return np.array(cuda_ipc.to_numpy(t), copy=True)
 
 
-def to_torch(a: np.ndarray, device: str | torch.device = "cpu") -> torch.Tensor:
-    """A tensor that owns a copy of `a` (safe to keep after the call that lent `a`)."""
+def to_torch(a: np.ndarray | torch.Tensor, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A tensor on `device` that owns a copy of `a` (safe to keep after the call that lent `a`)."""
+    if isinstance(a, torch.Tensor):
+        return a.to(device, copy=True)
     return cuda_ipc.from_numpy(np.array(a, copy=True), device)
+
+
+def nonempty(a: Any) -> bool:
+    """Whether `a` is an input array (numpy or a tensor) with at least one element."""
+    if isinstance(a, torch.Tensor):
+        return a.numel() > 0
+    return isinstance(a, np.ndarray) and a.size > 0
 
 
 def setup_torch(device: str) -> torch.device:

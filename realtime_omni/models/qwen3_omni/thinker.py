@@ -24,7 +24,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -33,7 +32,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler
-from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch, to_numpy, to_torch
+from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
 from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
 
@@ -86,7 +85,7 @@ class ThinkerExecutor(HoldsRequests):
 
         def tensor(name: str) -> torch.Tensor | None:
             a = merged.get(name)
-            return to_torch(a, self.device) if isinstance(a, np.ndarray) and a.size else None
+            return to_torch(a, self.device) if nonempty(a) else None
 
         try:
             sampler = Sampler.from_meta(merged)
@@ -174,7 +173,7 @@ class ThinkerExecutor(HoldsRequests):
         a = assistant_start(ids.cpu(), self.cfg)
         mm = torch.isin(ids, self.mm_ids.to(ids.device)).unsqueeze(-1)
         rows = torch.where(mm, hidden, embeds)[users]
-        return to_numpy(torch.cat([rows, embeds[a : a + 3]]))
+        return torch.cat([rows, embeds[a : a + 3]])
 
     def _take(self, rid: str, logits: torch.Tensor, prompt_rows: Any) -> list[Emit]:
         r = self.reqs[rid]
@@ -185,7 +184,7 @@ class ThinkerExecutor(HoldsRequests):
         meta["last"] = last
         emits = [Emit(rid, dict(meta), to=self.text_to)]
         if self.speech:
-            speech: Payload = {**meta, "embed": to_numpy(self.embed.weight[tok])}
+            speech: Payload = {**meta, "embed": self.embed.weight[tok]}  # weights: never written
             if prompt_rows is not None:
                 speech["prompt_rows"] = prompt_rows
             emits.append(Emit(rid, speech, to=self.speech_to))
