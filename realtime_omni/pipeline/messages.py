@@ -195,8 +195,8 @@ def receive(sock: Any, copy: bool = True) -> tuple[Message, list[Any]] | None:
     """The next message waiting on a ZMQ socket, with all its frames (bytes, or with
     `copy=False` zmq Frames viewed in place), or None when none waits. Never blocks.
 
-    How many frames follow frame 0 is read from the message itself (its highest
-    `ArrayRef.frame`), not asked of the socket: that query costs more than the receive."""
+    How many frames follow frame 0 is read from the message itself (one per `ArrayRef` in a
+    frame of its own), not asked of the socket: that query costs more than the receive."""
     try:
         first = sock.recv(zmq.NOBLOCK, copy=copy)
     except zmq.Again:
@@ -204,6 +204,7 @@ def receive(sock: Any, copy: bool = True) -> tuple[Message, list[Any]] | None:
     msg = decode(first if copy else first.buffer.toreadonly())  # arrays view it read-only
     frames = [first]
     if type(msg) is DataReady:
-        for _ in range(max([r.frame for r in msg.arrays], default=0)):
-            frames.append(sock.recv(copy=copy))  # a multipart message arrives whole
+        for ref in msg.arrays:
+            if ref.frame > 0:
+                frames.append(sock.recv(copy=copy))  # a multipart message arrives whole
     return msg, frames
