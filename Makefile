@@ -27,6 +27,7 @@ serve: install
 
 bench: install
 	$(BIN)/python benchmarks/transport.py
+	$(BIN)/python benchmarks/first_audio.py
 	$(BIN)/python benchmarks/abort.py
 
 clean:

@@ -1,0 +1,60 @@
+"""benchmarks/abort.py and benchmarks/first_audio.py run end to end on the simulated config with a
+handful of requests and write their JSON (its shape is checked, not its numbers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from realtime_omni.pipeline.shm import list_segments
+from tests.conftest import ROOT, timeout
+
+
+def bench(script: str, *args: str, limit_s: float) -> tuple[dict, str]:
+    """Run a benchmark script; gives its JSON and its stdout."""
+    out = Path(args[-1])
+    proc = subprocess.Popen(
+        [sys.executable, f"benchmarks/{script}", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout(limit_s))
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert list_segments(proc.pid) == []  # its coordinator's segments are named after its pid
+    return json.loads(out.read_text()), stdout
+
+
+def test_abort_benchmark_smoke(tmp_path: Path) -> None:
+    args = ("--requests", "6", "--concurrency", "2", "--json", str(tmp_path / "abort.json"))
+    data, stdout = bench("abort.py", *args, limit_s=120)
+    (run,) = data["runs"]
+    assert run["requests"] == 6 and run["concurrency"] == 2
+    ack, baseline = run["abort_ack_ms"], run["baseline_stats_rtt_ms"]
+    assert 0 < ack["p50"] <= ack["p99"] <= ack["max"] and 0 < baseline["p50"] <= baseline["p99"]
+    assert run["before"] == run["after"] | {"rss_mb": run["before"]["rss_mb"]}
+    assert "leak check: clean" in stdout
+
+
+def test_first_audio_benchmark_smoke(tmp_path: Path) -> None:
+    args = ("--configs", "simulated", "--requests", "1", "--max-tokens", "4")
+    data, stdout = bench("first_audio.py", *args, "--json", str(tmp_path / "fa.json"), limit_s=180)
+    runs = {r["mode"]: r for r in data["runs"]}
+    assert set(runs) == {"streaming", "serial"}
+    for mode, r in runs.items():
+        assert r["config"] == "simulated" and r["requests"] == 1
+        assert 0 < r["compute_floor_ms"] < r["first_audio_ms_p50"] <= r["total_ms_p50"], mode
+        assert r["overhead_ms_p50"] == r["first_audio_ms_p50"] - r["compute_floor_ms"]
+    # Serial gives its audio in one piece at the end, after every talker frame was made.
+    serial = runs["serial"]
+    assert serial["first_audio_ms_p50"] == pytest.approx(serial["total_ms_p50"], rel=0.05)
+    assert runs["streaming"]["first_audio_ms_p50"] < runs["serial"]["first_audio_ms_p50"]
+    assert "serial / streaming first audio" in stdout
