@@ -146,6 +146,7 @@ class Stats(_Message):
     active_requests: dict[str, int]  # stage -> requests holding state
     segments: list[str]
     steps: dict[str, list[tuple[float, float]]]  # stage -> recent (start monotonic s, seconds)
+    gc_frozen: int = 0  # objects kept out of the cyclic collector's passes (made before start)
 
 
 class Shutdown(_Message):

@@ -11,6 +11,7 @@ environment) or on another host by `realtime-omni stage` with the same config.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import threading
@@ -55,6 +56,11 @@ class WorkerArgs(msgspec.Struct):
 def worker_main(args: WorkerArgs) -> None:
     """Process entry point. A failure before the loop starts is reported to the coordinator as
     a `StageError` with an empty request id, so start-up errors name their cause."""
+    # No cyclic collection while the executors import and load their models: with torch and
+    # transformers the heap grows to ~365k live objects, and the passes on the way there took
+    # about a second of CPU per process. `run` collects once, freezes what is left, and
+    # enables the collector again.
+    gc.disable()
     try:
         worker = Worker(args)
     except BaseException as e:
@@ -191,6 +197,14 @@ class Worker:
         the control thread takes the lock to handle what arrives (aborts above all), so an
         abort is acknowledged without waiting for a long step (a prefill) to end."""
         parent = os.getppid()
+        # What exists now (modules, the models) lives as long as the process: keep it out of the
+        # cyclic collector's full passes. With torch and transformers loaded, one walks ~365k
+        # objects: 0.3-0.6 s on the 2-core machine, a stall of the loop (audio, aborts) that
+        # came once per process within a dozen tiny-model requests. Frozen, a pass takes ~2 ms
+        # (benchmarks/gc_pause.py). Loading's garbage goes first, or it would be kept forever.
+        gc.collect()
+        gc.freeze()
+        gc.enable()
         self._to_coordinator(m.Ready(self.me, self.args.epoch, os.getpid()))
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
@@ -514,6 +528,7 @@ class Worker:
             active_requests={n: s.active for n, s in self.stages.items()},
             segments=[s for s in list_segments(self.args.owner_pid) if s.startswith(mine)],
             steps={n: list(log) for n, log in self.step_log.items()},
+            gc_frozen=gc.get_freeze_count(),
         )
 
     def close(self) -> None:

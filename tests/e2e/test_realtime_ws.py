@@ -308,3 +308,11 @@ def test_hanging_up_while_the_lead_limit_holds_outputs_leaks_nothing(server: str
         )
 
     run(body())
+
+
+def test_the_server_and_its_stages_froze_what_start_up_made(server: str) -> None:
+    """Modules and models stay out of the cyclic collector's full passes (a pass over them took
+    0.2-0.4 s per process: a stall of every call's audio)."""
+    frozen = run(stats(server))["gc_frozen"]
+    assert "gateway" in frozen and len(frozen) > 1  # the gateway and every stage process
+    assert all(n > 10_000 for n in frozen.values()), frozen

@@ -61,6 +61,8 @@ def test_twenty_concurrent_requests_complete_in_order() -> None:
             assert len(coord.graph.local_processes()) == 7
             pids = {coord.pid_of(p) for p in coord.graph.processes()}
             assert len(pids) == 7 and all(psutil.pid_exists(p) for p in pids if p)
+            # What start-up made is frozen, kept out of the collector's full passes.
+            assert all(s.gc_frozen > 10_000 for s in (await coord.stats()).values())
 
             async def one(i: int) -> None:
                 stream = await coord.submit({"max_tokens": 5 + i % 7}, request_id=f"r{i}")

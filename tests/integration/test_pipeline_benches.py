@@ -1,5 +1,5 @@
-"""benchmarks/abort.py and benchmarks/first_audio.py run end to end on the simulated config with a
-handful of requests and write their JSON (its shape is checked, not its numbers)."""
+"""benchmarks/abort.py, first_audio.py and gc_pause.py run end to end with a handful of requests
+(or passes) and write their JSON (its shape is checked, not its numbers)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,12 @@ def test_first_audio_benchmark_smoke(tmp_path: Path) -> None:
     assert serial["first_audio_ms_p50"] == pytest.approx(serial["total_ms_p50"], rel=0.05)
     assert runs["streaming"]["first_audio_ms_p50"] < runs["serial"]["first_audio_ms_p50"]
     assert "serial / streaming first audio" in stdout
+
+
+def test_gc_pause_benchmark_smoke(tmp_path: Path) -> None:
+    args = ("--process", "speech", "--passes", "1", "--json", str(tmp_path / "gc.json"))
+    data, stdout = bench("gc_pause.py", *args, limit_s=120)
+    assert set(data) == {"objects", "frozen", "full_pass_ms", "frozen_pass_ms"}
+    assert 10_000 < data["frozen"] <= data["objects"]
+    assert data["full_pass_ms"] > 0 and data["frozen_pass_ms"] > 0
+    assert "start-up frozen" in stdout
