@@ -180,7 +180,7 @@ async def _stats(request: Request) -> Response:
             "active_requests": held,
             "steps_since": steps,
             "webrtc": request.app.state.webrtc.stats(),
-            "gc_frozen": {"gateway": gc.get_freeze_count(), **frozen},
+            "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
         }
     )
 
@@ -215,6 +215,7 @@ def create_app(
     )
     app.state.gateway = gw
     app.state.webrtc = calls
+    app.state.gc_frozen = 0  # objects `serve` froze once up
     return app
 
 
@@ -256,6 +257,7 @@ async def serve(
         # ~200k objects one took ~170 ms on the 2-core machine, a stall of every call's audio.
         gc.collect()  # start-up's garbage first, or it would be kept forever
         gc.freeze()
+        app.state.gc_frozen = gc.get_freeze_count()  # counted once: it walks the frozen objects
         sock = server.servers[0].sockets[0].getsockname()
         print(f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}", flush=True)
     await task

@@ -158,6 +158,7 @@ class Worker:
                 self.outlets[(e.src, e.dst)] = Outlet(
                     e, self.me, args.epoch, args.owner_pid, rt.inline_max_bytes, dev
                 )
+        self.gc_frozen = 0  # objects `run` froze
         self.running = True
         self._lock = threading.Lock()
         self._stepping = threading.Event()
@@ -205,6 +206,7 @@ class Worker:
         gc.collect()
         gc.freeze()
         gc.enable()
+        self.gc_frozen = gc.get_freeze_count()  # counted once: it walks the frozen objects
         self._to_coordinator(m.Ready(self.me, self.args.epoch, os.getpid()))
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
@@ -528,7 +530,7 @@ class Worker:
             active_requests={n: s.active for n, s in self.stages.items()},
             segments=[s for s in list_segments(self.args.owner_pid) if s.startswith(mine)],
             steps={n: list(log) for n, log in self.step_log.items()},
-            gc_frozen=gc.get_freeze_count(),
+            gc_frozen=self.gc_frozen,
         )
 
     def close(self) -> None:
