@@ -159,8 +159,10 @@ def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, 
                 assert got == payload["value"], f"hop carried byte {got}, not {payload['value']}"
                 if not payload["warm"]:
                     lat.setdefault(payload["nbytes"], []).append(t1 - payload["t_ns"])
-                del payload, frames, received  # drop the slot's views before the ack lends it again
-                acks.send(m.encode(m.DataAck(msg.src, msg.dst, msg.lease)))
+                ack = m.encode(m.DataAck(msg.src, msg.dst, msg.lease))
+                # Drop the slot's views (the payload is msg.meta) before the ack lends it again.
+                del payload, frames, received, msg
+                acks.send(ack)
     finally:
         inlet.close()
 

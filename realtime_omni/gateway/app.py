@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -227,6 +226,8 @@ async def serve(
 
     import uvicorn
 
+    from realtime_omni.pipeline.worker import freeze_start_up
+
     try:  # fail now, not after the stage processes took their time to start
         with socket.create_server((host, port)):
             pass
@@ -252,12 +253,9 @@ async def serve(
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
-        # What exists now (modules, the VAD model, the pipeline's coordinator) lives as long as
-        # the server: keep it out of the cyclic collector's full passes. Over this process's
-        # ~200k objects one took ~170 ms on the 2-core machine, a stall of every call's audio.
-        gc.collect()  # start-up's garbage first, or it would be kept forever
-        gc.freeze()
-        app.state.gc_frozen = gc.get_freeze_count()  # counted once: it walks the frozen objects
+        # The VAD model, aiortc and the coordinator: ~200k objects, whose full pass took ~170 ms
+        # here, a stall of every call's audio.
+        app.state.gc_frozen = freeze_start_up()
         sock = server.servers[0].sockets[0].getsockname()
         print(f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}", flush=True)
     await task

@@ -25,8 +25,8 @@ active request at once, as a batched GPU step would; time passes in `time.sleep`
 simulated stage does not load the CPU.
 
 A stage placed on a cuda device (torch needed) gives other stages its arrays as CUDA tensors, so
-edges between cuda stages carry them by CUDA IPC; its outputs to the caller stay numpy. Give a
-CPU stage fed by a cuda stage no arrays (the runtime refuses CUDA tensors on a CPU edge).
+edges between cuda stages carry them by CUDA IPC (a CPU stage gets them as numpy: the runtime
+copies them to the host); its outputs to the caller are host arrays from the start.
 """
 
 from __future__ import annotations

@@ -53,13 +53,25 @@ class WorkerArgs(msgspec.Struct):
     watch_parent: bool = True  # exit when the coordinator (our parent) is gone
 
 
+def freeze_start_up() -> int:
+    """Keep what exists now (modules, models) out of the cyclic collector's full passes, and
+    turn the collector on: call once a process is up. With torch and transformers loaded a full
+    pass walks ~365k objects, 0.3-0.6 s on the 2-core machine, a stall of everything the process
+    does (audio, aborts); frozen, a pass takes ~2 ms (benchmarks/gc_pause.py). Start-up's garbage
+    is collected first, or it would be kept forever. Gives how many objects were frozen (counted
+    here once: counting walks them)."""
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+    return gc.get_freeze_count()
+
+
 def worker_main(args: WorkerArgs) -> None:
     """Process entry point. A failure before the loop starts is reported to the coordinator as
     a `StageError` with an empty request id, so start-up errors name their cause."""
     # No cyclic collection while the executors import and load their models: with torch and
     # transformers the heap grows to ~365k live objects, and the passes on the way there took
-    # about a second of CPU per process. `run` collects once, freezes what is left, and
-    # enables the collector again.
+    # about a second of CPU per process. `run` turns it on again (`freeze_start_up`).
     gc.disable()
     try:
         worker = Worker(args)
@@ -198,15 +210,8 @@ class Worker:
         the control thread takes the lock to handle what arrives (aborts above all), so an
         abort is acknowledged without waiting for a long step (a prefill) to end."""
         parent = os.getppid()
-        # What exists now (modules, the models) lives as long as the process: keep it out of the
-        # cyclic collector's full passes. With torch and transformers loaded, one walks ~365k
-        # objects: 0.3-0.6 s on the 2-core machine, a stall of the loop (audio, aborts) that
-        # came once per process within a dozen tiny-model requests. Frozen, a pass takes ~2 ms
-        # (benchmarks/gc_pause.py). Loading's garbage goes first, or it would be kept forever.
-        gc.collect()
-        gc.freeze()
-        gc.enable()
-        self.gc_frozen = gc.get_freeze_count()  # counted once: it walks the frozen objects
+        # Unfrozen, a full pass came once per process within a dozen tiny-model requests.
+        self.gc_frozen = freeze_start_up()
         self._to_coordinator(m.Ready(self.me, self.args.epoch, os.getpid()))
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
