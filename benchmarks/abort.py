@@ -60,8 +60,8 @@ async def run(requests: int, concurrency: int, seed: int, time_scale: float) -> 
     rng = random.Random(seed)
     data = yaml.safe_load(CONFIG.read_text())
     for stage in data["stages"].values():
-        for key in ("first_step_ms", "step_ms"):
-            if key in stage["params"]:
+        for key in list(stage["params"]):
+            if key.endswith("_ms"):
                 stage["params"][key] *= time_scale
     tokens = max(200, int(200 / max(time_scale, 0.05)))  # still running when aborted
     cfg = parse_config(data)

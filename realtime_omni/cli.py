@@ -97,9 +97,14 @@ def _check(path: str) -> int:
     graph = Graph(load_config(path))
     for name, group in graph.groups.items():
         where = f" on host {group.host}" if group.host else ""
-        print(f"process {name} x{group.replicas}{where}: {', '.join(group.stages)}")
+        batches = ", ".join(f"{s} (max_batch {graph.stages[s].max_batch})" for s in group.stages)
+        print(f"process {name} x{group.replicas}{where}: {batches}")
     for e in graph.edges:
-        print(f"  {e.key:32} {e.kind:6} {e.transport:9} {e.slots:4} slots x {e.slot_bytes} B")
+        reserved = e.slots * e.slot_bytes if e.transport in ("shm", "cuda_ipc") else 0
+        print(
+            f"  {e.key:32} {e.kind:6} {e.transport:9} {e.slots:4} slots x {e.slot_bytes} B, "
+            f"{e.request_slots} per request, reserves {reserved / 2**20:.1f} MiB"
+        )
     return 0
 
 

@@ -29,8 +29,8 @@ def simulated_config(time_scale: float = 1.0, **runtime: Any) -> dict[str, Any]:
     data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     data = copy.deepcopy(data)
     for stage in data["stages"].values():
-        for key in ("first_step_ms", "step_ms"):
-            if key in stage["params"]:
+        for key in list(stage["params"]):
+            if key.endswith("_ms"):
                 stage["params"][key] *= time_scale
     data.setdefault("runtime", {}).update(runtime)
     return data

@@ -55,6 +55,22 @@ class StageConfig(_Strict):
     )
     replicas: int = Field(default=1, ge=1, le=64, description="Processes serving this stage.")
     threads: int = Field(default=1, ge=1, le=256, description="torch/BLAS threads per process.")
+    max_batch: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Requests one step of this stage serves together (one forward for all "
+        "decoding requests). 1 serves one request per forward: the unbatched baseline. Edges "
+        "that are not set explicitly get credits for this many requests in flight.",
+    )
+    max_prefill_tokens_per_step: int = Field(
+        default=512,
+        ge=1,
+        description="Prompt tokens a step prefills besides its decode rows. A longer prompt is "
+        "prefilled in chunks over several steps, so a new request delays the running ones' next "
+        "token by at most one chunk's compute (a Qwen3-Omni thinker: ~25 ms per 512 tokens on "
+        "an H200). Used by the thinker and the talker (and the simulated generate role).",
+    )
 
 
 class EdgeConfig(_Strict):

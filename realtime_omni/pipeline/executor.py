@@ -54,6 +54,8 @@ class StageContext:
     model: dict[str, Any]  # the config's model section
     downstream: list[str] = field(default_factory=list)
     upstream: list[str] = field(default_factory=list)
+    max_batch: int = 32  # requests one step serves together at most (the stage's `max_batch`)
+    max_prefill_tokens_per_step: int = 512  # prompt tokens one step prefills at most
 
 
 class Executor(Protocol):

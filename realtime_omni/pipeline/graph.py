@@ -81,6 +81,19 @@ class Graph:
         for src, dst, kind in pairs:
             o = overrides.get((src, dst))
             slots = o.slots if o and o.slots else rt.default_slots
+            request_slots = o.request_slots if o and o.request_slots else max(1, slots // 4)
+            # Credits for a batch: the stage that batches (the receiver, or the sender for edges
+            # to the caller) can have `max_batch` requests in flight here, each with its share.
+            batch = cfg.stages[dst if dst != CLIENT else src].max_batch
+            if not (o and o.slots):
+                slots = max(slots, batch * request_slots)
+            elif slots < batch:
+                raise ConfigError(
+                    f"edges: {src}->{dst} slots = {slots}: fewer than the {batch} requests "
+                    f"stage {dst if dst != CLIENT else src!r} batches (max_batch). Fix: set "
+                    f"slots >= {batch * request_slots} ({batch} x request_slots "
+                    f"{request_slots}), or lower max_batch"
+                )
             transport = o.transport if o else "auto"
             if transport == "auto":
                 transport = self._auto_transport(src, dst)
@@ -97,9 +110,7 @@ class Graph:
                     transport=transport,
                     slots=slots,
                     slot_bytes=(o.slot_bytes if o and o.slot_bytes else rt.default_slot_bytes),
-                    request_slots=(
-                        o.request_slots if o and o.request_slots else max(1, slots // 4)
-                    ),
+                    request_slots=request_slots,
                 )
             )
         self.out_edges: dict[str, list[Edge]] = {n: [] for n in [*cfg.stages, CLIENT]}

@@ -1,16 +1,24 @@
 """Simulated executors: correctly shaped payloads after a configured time per step, so a whole
 model graph runs on a CPU with GPU-like timings (`configs/simulated-qwen3-omni.yaml`).
 
-One class, four roles, chosen by `params.role`:
+One class, four roles, chosen by `params.role`. A step serves up to the stage's `max_batch`
+requests together, as a batched GPU step would, and costs what such a step costs: a part that
+does not depend on the batch (reading the weights) plus a part per request (or per item):
 
-- transform: one input set -> one output per downstream stage, after `first_step_ms`
-  (preprocessing, encoders);
-- generate: one input set -> a stream of `items` outputs (or the request's `max_tokens`), the
-  first after `first_step_ms` (prefill), then one per `step_ms` (the thinker);
-- follow: a streamed input -> `per_input` outputs per input item, the first after
-  `first_step_ms`, then one per `step_ms`; it never runs ahead of its input (the talker);
+- transform: one input set -> one output per downstream stage (preprocessing, encoders); the
+  requests waiting together form one step costing `first_step_ms` + `per_request_ms` for each
+  request after the first (default: `first_step_ms` again, no gain from batching);
+- generate: one input set -> a stream of `items` outputs (or the request's `max_tokens`), one
+  per step (the thinker). A decode step costs `step_ms` + `per_request_ms` x decoding requests.
+  A new request's prefill of `prompt_tokens` costs `first_step_ms` in all and runs in chunks of
+  the stage's `max_prefill_tokens_per_step` beside the decode rows (chunk cost pro rata), so a
+  new turn delays the others by one chunk per step, not by a whole prefill;
+- follow: a streamed input -> `per_input` outputs per input item (the talker); it never runs
+  ahead of its input. A step costs `step_ms` + `per_request_ms` x requests past their first
+  output, plus `first_step_ms` (prefill) for each request making its first;
 - chunk: a streamed input -> one output per chunk of input items, `first_chunk` items first,
-  then `chunk`; a chunk costs `step_ms` per item (code2wav, text decode).
+  then `chunk` (code2wav, text decode); a step costs `base_ms` + `step_ms` x the items of every
+  chunk in it.
 
 `serial: true` makes follow and chunk wait until their input stream ended (and a chunk stage
 then emits everything as one chunk): the serial baseline, as `generate()` runs the thinker to its
@@ -20,9 +28,7 @@ end, then the talker, then one vocoder pass.
 where a shape entry "n" stands for the items in the chunk; float arrays hold a quiet 220 Hz tone
 (at 24 kHz), others ones. Every output carries `token_time` (the monotonic time of the generated
 item it derives from) and `index`; generated items carry a made-up word as `text`, which chunks
-pass on joined. A step serves every
-active request at once, as a batched GPU step would; time passes in `time.sleep`, so a
-simulated stage does not load the CPU.
+pass on joined. Time passes in `time.sleep`, so a simulated stage does not load the CPU.
 
 A stage placed on a cuda device (torch needed) gives other stages its arrays as CUDA tensors, so
 edges between cuda stages carry them by CUDA IPC (a CPU stage gets them as numpy: the runtime
@@ -72,6 +78,7 @@ class _Req:
     texts: list[str] = field(default_factory=list)  # the `text` of each input item, if any
     ended: bool = False
     first_done: bool = False
+    prefilled: int = 0  # prompt tokens prefilled so far (generate)
     held: bool = False  # its outputs wait for credit: make nothing for it
 
 
@@ -86,6 +93,12 @@ class SimulatedExecutor:
             )
         self.step_s = float(p.get("step_ms", 0.0)) / 1000
         self.first_step_s = float(p.get("first_step_ms", p.get("step_ms", 0.0))) / 1000
+        per_request = p.get("per_request_ms", 0.0 if self.role != "transform" else None)
+        self.per_request_s = self.first_step_s if per_request is None else float(per_request) / 1000
+        self.base_s = float(p.get("base_ms", 0.0)) / 1000
+        self.prompt_tokens = max(1, int(p.get("prompt_tokens", 1)))
+        self.max_batch = ctx.max_batch
+        self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.items = int(p.get("items", 16))
         self.per_input = float(p.get("per_input", 1.0))
         self.first_chunk = int(p.get("first_chunk", 1))
@@ -135,19 +148,33 @@ class SimulatedExecutor:
         return any(self._due(r) for r in self.reqs.values())
 
     def step(self) -> list[Emit]:
-        fresh = [rid for rid, r in self.reqs.items() if self._due(r) and not r.first_done]
-        if fresh and self.role in ("generate", "transform"):
-            # A new request's first step (prefill) runs on its own, as in a real engine.
-            time.sleep(self.first_step_s)
-            batch = fresh
+        batch = [rid for rid, r in self.reqs.items() if self._due(r)][: self.max_batch]
+        if self.role == "generate":
+            batch, cost = self._generate_batch(batch)
         else:
-            batch = [rid for rid, r in self.reqs.items() if self._due(r)]
-            first = any(not self.reqs[rid].first_done for rid in batch)
-            time.sleep(self._cost(batch, first))
+            cost = self._cost(batch)
+        time.sleep(cost)
         emits: list[Emit] = []
         for rid in batch:
             emits += self._produce(rid)
         return emits
+
+    def _generate_batch(self, batch: list[str]) -> tuple[list[str], float]:
+        """Decode rows and prefill chunks of one step: who emits, and what the step costs."""
+        decoding = [rid for rid in batch if self.reqs[rid].first_done]
+        cost = (self.step_s + self.per_request_s * len(decoding)) if decoding else 0.0
+        budget = self.prefill_budget
+        for rid in batch:
+            r = self.reqs[rid]
+            if r.first_done or budget <= 0:
+                continue
+            chunk = min(budget, self.prompt_tokens - r.prefilled)
+            budget -= chunk
+            r.prefilled += chunk
+            cost += self.first_step_s * chunk / self.prompt_tokens
+            if r.prefilled >= self.prompt_tokens:
+                decoding.append(rid)  # its prefill gives its first token in this step
+        return decoding, cost
 
     # ---- roles ---------------------------------------------------------------------------
 
@@ -176,10 +203,20 @@ class SimulatedExecutor:
             return 0
         return self.first_chunk + (r.made - 1) * self.chunk
 
-    def _cost(self, batch: list[str], first: bool) -> float:
+    def _cost(self, batch: list[str]) -> float:
+        reqs = [self.reqs[rid] for rid in batch]
+        if not reqs:
+            return 0.0
         if self.role == "chunk":
-            return self.step_s * max(self._due(self.reqs[rid]) for rid in batch)
-        return self.first_step_s if first else self.step_s
+            return self.base_s + self.step_s * sum(self._due(r) for r in reqs)
+        if self.role == "transform":
+            return self.first_step_s + self.per_request_s * (len(reqs) - 1)
+        following = sum(1 for r in reqs if r.first_done)
+        fresh = len(reqs) - following
+        cost = self.first_step_s * fresh
+        if following:
+            cost += self.step_s + self.per_request_s * following
+        return cost
 
     def _produce(self, rid: str) -> list[Emit]:
         r = self.reqs[rid]

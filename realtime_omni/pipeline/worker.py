@@ -158,6 +158,8 @@ class Worker:
                 model=dict(self.cfg.model),
                 downstream=[e.dst for e in self.graph.out_edges[name]],
                 upstream=[e.src for e in self.graph.in_edges[name]],
+                max_batch=st.max_batch,
+                max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
             )
             self.stages[name] = Stage(
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]

@@ -218,6 +218,7 @@ def test_a_submit_cancelled_while_waiting_for_entry_credit_leaves_nothing() -> N
     stage's inbox holding the credit, so c's submit waits for it, and is cancelled there."""
     cfg = simulated_config()
     cfg["stages"]["preprocessing"]["params"]["first_step_ms"] = 1500
+    cfg["stages"]["preprocessing"]["max_batch"] = 1
     cfg["edges"].append({"src": "client", "dst": "preprocessing", "slots": 1})
 
     async def body() -> None:

@@ -121,19 +121,20 @@ def test_explicit_wait_for_is_kept() -> None:
 
 def test_edge_overrides_of_slots_and_slot_bytes(sim: Graph) -> None:
     rt = sim.cfg.runtime
-    e = sim.edge("preprocessing", "image_encoder")
-    assert (e.slots, e.slot_bytes) == (rt.default_slots, 2408448)
+    batch = sim.stages["image_encoder"].max_batch
+    e = sim.edge("preprocessing", "image_encoder")  # credits for a batch: 2 each
+    assert (e.slots, e.slot_bytes) == (batch * rt.default_slots // 4, 2408448)
     e = sim.edge("thinker", "talker_ar")
     assert (e.slots, e.slot_bytes) == (64, rt.default_slot_bytes)
     e = sim.edge("code2wav", CLIENT)
     assert (e.slots, e.slot_bytes) == (32, rt.default_slot_bytes)
     e = sim.edge("preprocessing", "thinker")  # no override
-    assert (e.slots, e.slot_bytes) == (rt.default_slots, rt.default_slot_bytes)
+    assert (e.slots, e.slot_bytes) == (batch * rt.default_slots // 4, rt.default_slot_bytes)
 
 
 def test_runtime_defaults_apply_to_edges_without_override() -> None:
     g = graph(
-        {"a": st(next=["b"]), "b": st(terminal=True)},
+        {"a": st(next=["b"], max_batch=1), "b": st(terminal=True, max_batch=1)},
         runtime={"default_slots": 3, "default_slot_bytes": 128},
         edges=[{"src": "a", "dst": "b", "slots": 5}],
     )
@@ -180,9 +181,23 @@ def test_tcp_endpoints_with_hosts(tmp_path: Path) -> None:
     assert g.endpoint("b#0", 0, tmp_path) == "tcp://10.0.0.1:50003"
 
 
+def test_edges_get_credits_for_a_batch() -> None:
+    """An edge not set in the config lends `max_batch` requests their share each; one set
+    below the batch is refused, naming the fix."""
+    g = graph({"a": st(stream_to=["b"], max_batch=4), "b": st(terminal=True, max_batch=32)})
+    assert g.edge("a", "b").slots == 32 * 2  # 8 default slots: 2 per request
+    assert g.edge("b", "client").slots == 64  # b batches what it sends to the caller
+    assert g.edge("client", "a").slots == 8  # 4 requests x 2 fit in the default
+    with pytest.raises(ConfigError, match=r"slots = 16: fewer than the 32 requests.*max_batch"):
+        graph(
+            {"a": st(stream_to=["b"]), "b": st(terminal=True)},
+            edges=[{"src": "a", "dst": "b", "slots": 16}],
+        )
+
+
 def test_request_slots_default_to_a_quarter_of_the_edge() -> None:
     g = graph(
-        {"a": st(stream_to=["b"]), "b": st(terminal=True)},
+        {"a": st(stream_to=["b"]), "b": st(terminal=True, max_batch=2)},
         edges=[
             {"src": "a", "dst": "b", "slots": 64},
             {"src": "b", "dst": "client", "slots": 2, "request_slots": 2},
