@@ -29,8 +29,13 @@ class Sampler:
 
     def pick(self, logits: torch.Tensor) -> int:
         """One token id from `logits` [vocab] (float)."""
+        return int(self.pick_tensor(logits))
+
+    def pick_tensor(self, logits: torch.Tensor) -> torch.Tensor:
+        """The token id as a 0-d tensor on the logits' device: no host sync, so a batch's picks
+        can be read back together."""
         if self.temperature == 0:
-            return int(logits.argmax(-1))
+            return logits.argmax(-1)
         if self.generator is None:
             self.generator = torch.Generator(device=logits.device)
             if self.seed is not None:
@@ -45,6 +50,6 @@ class Sampler:
             sorted_x, order = torch.sort(x, descending=True)
             cum = sorted_x.softmax(-1).cumsum(-1)
             cut = cum - sorted_x.softmax(-1) >= self.top_p  # keep the smallest set reaching top_p
-            x[order[cut]] = float("-inf")
+            x = x.masked_fill(cut.scatter(0, order, cut), float("-inf"))  # no host sync
         probs = x.softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return torch.multinomial(probs, 1, generator=self.generator)[0]

@@ -16,6 +16,13 @@ the `talker_max_tokens`-th step ends the request without a frame, as `generate` 
 
 Outputs: `{codes [16] int64, index, token_time}` per frame, `token_time` being that of the
 thinker token whose text step made the frame (the last token's for frames after the text).
+
+Batching: a step makes a frame for every ready request together (up to the stage's
+`max_batch`): new requests' prompts are prefilled one by one into their `SlotCache` rows, then
+one talker forward serves every other ready row, and the code predictor's 15 steps run once for
+the whole batch (its inner loop has the same length for everyone, so a plain cache of the
+batch's width fits). Sampling stays per request with its own generators; the codes of the batch
+are read back to the host once per step, not once per code.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from realtime_omni.models.qwen3_omni.cache import SlotCache
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler
 from realtime_omni.models.qwen3_omni.tensors import (
@@ -64,7 +72,7 @@ class _Request:
     spoken: int = 0  # thinker tokens consumed (= talker steps taken)
     thinker_done: bool = False
     last_time: float = 0.0
-    cache: DynamicCache | None = None
+    row: int | None = None  # its SlotCache row, once its prompt is prefilled
     next_pos: torch.Tensor | None = None
     code0s: list[int] = field(default_factory=list)
     frame: torch.Tensor | None = None  # the previous frame's 16 codes
@@ -101,6 +109,18 @@ class TalkerExecutor(HoldsRequests):
         self.default_penalty = float(p.get("repetition_penalty", 1.05))
         tcfg = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tcfg.audio_token_id, tcfg.image_token_id, tcfg.video_token_id])
+        text = self.tc.text_config
+        self.cache = SlotCache(
+            text.num_hidden_layers,
+            text.num_key_value_heads,
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            ctx.max_batch,
+            dtype,
+            self.device,
+            sdpa=self.model.config._attn_implementation == "sdpa",
+        )
+        self.max_batch = ctx.max_batch
+        self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -159,42 +179,98 @@ class TalkerExecutor(HoldsRequests):
     def step(self) -> list[Emit]:
         """One frame for every request whose next text step is available."""
         emits: list[Emit] = []
-        for rid in [rid for rid, r in self.running().items() if self._ready(r)]:
-            emits += self._frame(rid)
+        ready = [rid for rid, r in self.running().items() if self._ready(r)][: self.max_batch]
+        picked: list[tuple[str, torch.Tensor, float]] = []  # (rid, code 0, token_time)
+        hidden: list[torch.Tensor] = []  # the talker's last hidden state of each, [1, 1, D]
+        budget = self.prefill_budget
+        for rid in ready:
+            r = self.reqs[rid]
+            if not r.tokens and r.spoken == 0:  # the thinker ended before its first token
+                self.abort(rid)
+                emits.append(Emit(rid, done=True))
+            elif r.row is None and budget > 0 and self.cache.in_use() < self.cache.rows:
+                tok = r.tokens.popleft()
+                embeds, pos = self._prefill_inputs(r, tok)
+                budget -= embeds.shape[1]
+                r.row = self.cache.alloc()
+                window = self.cache.prefill(r.row, embeds.shape[1])
+                out = self._talker(r, embeds, pos, window)
+                picked.append((rid, self._pick_code0(r, out.logits[0, -1]), tok.token_time))
+                hidden.append(out.hidden_states[0][-1][:, -1:])
+        decoding = [rid for rid in ready if rid in self.reqs and self.reqs[rid].row is not None]
+        decoding = [rid for rid in decoding if rid not in {p[0] for p in picked}]
+        if decoding:
+            for rid, code0, h, t in self._decode(decoding):
+                picked.append((rid, code0, t))
+                hidden.append(h)
+        if not picked:
+            return emits
+        frames = self._residuals(
+            [self.reqs[rid] for rid, _, _ in picked],
+            torch.stack([c for _, c, _ in picked]),
+            torch.cat(hidden),
+        ).tolist()  # the step's one read back to the host
+        for (rid, _, token_time), codes in zip(picked, frames, strict=True):
+            r = self.reqs[rid]
+            r.spoken += 1
+            r.code0s.append(codes[0])
+            if codes[0] == self.tc.codec_eos_token_id or len(r.code0s) >= r.max_steps:
+                self.abort(rid)  # this code 0 gets no frame (as generate)
+                emits.append(Emit(rid, done=True))
+                continue
+            r.frame = torch.tensor(codes)
+            data = {"codes": to_numpy(r.frame), "index": len(r.code0s) - 1}
+            data["token_time"] = token_time
+            emits.append(Emit(rid, data))
         return emits
 
     def abort(self, request_id: str) -> None:
-        self.reqs.pop(request_id, None)
+        r = self.reqs.pop(request_id, None)
+        if r is not None and r.row is not None:
+            self.cache.free(r.row)
 
     # ---- model calls ---------------------------------------------------------------------
 
     @staticmethod
     def _ready(r: _Request) -> bool:
-        if r.cache is None:
-            return bool(r.tokens) and r.prompt_rows is not None
+        if r.row is None:
+            return (bool(r.tokens) and r.prompt_rows is not None) or (
+                r.thinker_done and not r.tokens
+            )
         return bool(r.tokens) or r.thinker_done
 
-    def _frame(self, rid: str) -> list[Emit]:
-        r = self.reqs[rid]
-        if not r.tokens and r.spoken == 0:  # the thinker ended before its first token
-            del self.reqs[rid]
-            return [Emit(rid, done=True)]
-        tok = r.tokens.popleft() if r.tokens else None
-        token_time = tok.token_time if tok else r.last_time
-        if r.cache is None:
-            assert tok is not None
-            out = self._talker(r, *self._prefill_inputs(r, tok))
-        else:
-            out = self._talker(r, self._step_input(r, tok), r.next_pos)
-        r.spoken += 1
-        code0 = self._pick_code0(r, out.logits[0, -1])
-        if code0 == self.tc.codec_eos_token_id or len(r.code0s) >= r.max_steps:
-            del self.reqs[rid]  # this code 0 gets no residual codes: no frame (as generate)
-            return [Emit(rid, done=True)]
-        r.past_hidden = out.hidden_states[0][-1][:, -1:]
-        r.frame = self._residuals(r, code0)
-        data = {"codes": to_numpy(r.frame), "index": len(r.code0s) - 1, "token_time": token_time}
-        return [Emit(rid, data)]
+    def _decode(self, rids: list[str]) -> list[tuple[str, torch.Tensor, torch.Tensor, float]]:
+        """One talker forward for the rows of `rids`: (rid, code 0, last hidden, token_time)."""
+        hi = self.cache.span()
+        reqs = [self.reqs[rid] for rid in rids]
+        toks = [r.tokens.popleft() if r.tokens else None for r in reqs]
+        x = self._step_inputs(reqs, toks)
+        rows = [r.row for r in reqs]
+        embeds = torch.zeros(hi, 1, x.shape[-1], dtype=x.dtype, device=self.device)
+        pos = torch.zeros(4, hi, 1, dtype=torch.long, device=self.device)
+        for i, r in enumerate(reqs):
+            embeds[r.row] = x[i]
+            pos[:, r.row] = r.next_pos[:, 0]  # type: ignore[index]
+        window = self.cache.decode(hi, rows)  # type: ignore[arg-type]
+        out = self.model(
+            inputs_embeds=embeds,
+            position_ids=pos,
+            attention_mask=window.mask,
+            cache=window,
+            use_cache=True,
+            output_hidden_states=True,
+            generation_step=0,  # only counted on by generate
+        )
+        window.commit()
+        last = out.hidden_states[0][-1]
+        result = []
+        for rid, r, tok in zip(rids, reqs, toks, strict=True):
+            r.next_pos = r.next_pos + 1  # type: ignore[operator]
+            code0 = self._pick_code0(r, out.logits[r.row, -1])
+            result.append(
+                (rid, code0, last[r.row : r.row + 1, -1:], tok.token_time if tok else r.last_time)
+            )
+        return result
 
     def _prefill_inputs(self, r: _Request, tok: _Token) -> tuple[torch.Tensor, torch.Tensor]:
         m, cfg, tc = self.model, self.cfg, self.tc
@@ -220,36 +296,40 @@ class TalkerExecutor(HoldsRequests):
         pad = torch.full((9,), cfg.tts_pad_token_id, device=self.device)
         talker_ids = torch.cat([user_ids, pad])
         pos = mrope_positions(m, talker_ids, r.grid, r.audio_lengths)
-        r.cache = DynamicCache(config=tc.text_config)
         return embeds, pos
 
-    def _step_input(self, r: _Request, tok: _Token | None) -> torch.Tensor:
+    def _step_inputs(self, reqs: list[_Request], toks: list[_Token | None]) -> torch.Tensor:
+        """[n, 1, D]: each request's previous frame's 16 code embeddings summed, plus its text
+        entry (the token's projected embedding, `tts_eos` for the last, `tts_pad` after it)."""
         m = self.model
-        assert r.frame is not None
-        f = r.frame.view(16, 1, 1).to(self.device)
+        frames = torch.stack([r.frame for r in reqs]).to(self.device)  # type: ignore[misc]
+        f = frames.T.reshape(16, -1, 1)  # [16, n, 1]
         cp_embed = m.code_predictor.get_input_embeddings()
         parts = [m.get_input_embeddings()(f[0])] + [cp_embed[j - 1](f[j]) for j in range(1, 16)]
         x = torch.cat(parts, dim=1).sum(1, keepdim=True)  # cat-then-sum, as generate
-        if tok is None:
-            return x + self.tts_pad
-        if tok.last:
-            return x + self.tts_eos
-        return x + m.text_projection(tok.embed.view(1, 1, -1))
+        text = [i for i, t in enumerate(toks) if t is not None and not t.last]
+        extra = [self.tts_pad if t is None else self.tts_eos for t in toks]
+        if text:
+            embeds = torch.stack([toks[i].embed for i in text])[:, None]  # type: ignore[union-attr]
+            projected = m.text_projection(embeds)
+            for j, i in enumerate(text):
+                extra[i] = projected[j : j + 1]
+        return x + torch.cat(extra)
 
-    def _talker(self, r: _Request, x: torch.Tensor, pos: torch.Tensor) -> Any:
-        step = None if r.next_pos is None else len(r.code0s) - 1  # needed, otherwise unused
+    def _talker(self, r: _Request, x: torch.Tensor, pos: torch.Tensor, window: Any) -> Any:
         out = self.model(
             inputs_embeds=x,
             position_ids=pos,
-            cache=r.cache,
+            attention_mask=window.mask,
+            cache=window,
             use_cache=True,
             output_hidden_states=True,
-            generation_step=step,
         )
+        window.commit()
         r.next_pos = pos[..., -1:] + 1
         return out
 
-    def _pick_code0(self, r: _Request, logits: torch.Tensor) -> int:
+    def _pick_code0(self, r: _Request, logits: torch.Tensor) -> torch.Tensor:
         x = logits.float().clone()
         if r.code0s and r.repetition_penalty != 1.0:
             seen = torch.tensor(r.code0s, device=x.device)
@@ -258,27 +338,36 @@ class TalkerExecutor(HoldsRequests):
                 score < 0, score * r.repetition_penalty, score / r.repetition_penalty
             )
         x[self.suppress] = float("-inf")
-        code0 = r.sampler.pick(x)
-        r.code0s.append(code0)
-        return code0
+        return r.sampler.pick_tensor(x)
 
-    def _residuals(self, r: _Request, code0: int) -> torch.Tensor:
-        """Codes 1..15: the code predictor's 15 forwards with a fresh cache per frame."""
+    def _residuals(
+        self, reqs: list[_Request], code0: torch.Tensor, past_hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """Frames [n, 16]: code 0 and codes 1..15 from the code predictor's 15 forwards, for
+        the whole batch at once with a fresh cache per frame; each row samples on its own."""
         m = self.model
         cp = m.code_predictor
+        n = len(reqs)
         cache = DynamicCache(config=cp.config)
-        first = m.get_input_embeddings()(torch.tensor([[code0]], device=self.device))
-        x = torch.cat([r.past_hidden, first], dim=1)
-        pos = torch.arange(2, device=self.device).view(1, 2)
+        first = m.get_input_embeddings()(code0.view(n, 1))
+        x = torch.cat([past_hidden, first], dim=1)
+        pos = torch.arange(2, device=self.device).view(1, 2).expand(n, 2)
         out = cp(inputs_embeds=x, position_ids=pos, cache=cache, use_cache=True)
-        codes = [code0, r.residual_sampler.pick(out.logits[0, -1].float())]
+        codes = [code0.view(n), self._pick_residuals(reqs, out.logits[:, -1])]
         for j in range(1, 15):
             out = cp(
-                input_ids=torch.tensor([[codes[-1]]], device=self.device),
+                input_ids=codes[-1].view(n, 1),
                 generation_steps=j,
-                position_ids=torch.tensor([[1 + j]], device=self.device),
+                position_ids=torch.full((n, 1), 1 + j, device=self.device),
                 cache=cache,
                 use_cache=True,
             )
-            codes.append(r.residual_sampler.pick(out.logits[0, -1].float()))
-        return torch.tensor(codes)
+            codes.append(self._pick_residuals(reqs, out.logits[:, -1]))
+        return torch.stack(codes, dim=1)
+
+    @staticmethod
+    def _pick_residuals(reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if all(r.residual_sampler.temperature == 0 for r in reqs):
+            return logits.argmax(-1)
+        return torch.stack([r.residual_sampler.pick_tensor(logits[i]) for i, r in enumerate(reqs)])

@@ -14,8 +14,13 @@ then the input embeddings of the final `<|im_start|>assistant\\n`. The request e
 token (`params.stop_token_ids`, default `<|im_end|>`) or `max_tokens` tokens, whichever is
 first; the last token carries `last: true` and is followed by `done`.
 
-Every per-request state (cache, positions, sampler) lives in `_Request`; the module's own
-`rope_deltas` is never read or written (positions are passed explicitly).
+Batching: one step decodes a token for every running request in one forward (up to the stage's
+`max_batch`), each request in its own row of a `SlotCache` with its own 3-D rope positions and
+sampler, and then prefills new prompts in chunks of at most `max_prefill_tokens_per_step`
+tokens: a new turn delays the others' next token by one chunk's forward per step, not by its
+whole prompt. A request whose prefill ends in a step emits its first token in that step.
+Requests beyond `max_batch` wait for a row. Per-request state (row, positions, sampler) lives in
+`_Request`; the module's own `rope_deltas` is never read or written.
 """
 
 from __future__ import annotations
@@ -25,11 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
-from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-    BaseModelOutputWithDeepstackFeatures,
-)
 
+from realtime_omni.models.qwen3_omni.cache import SlotCache
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
@@ -49,9 +51,17 @@ class _Request:
     deepstack: torch.Tensor | None
     sampler: Sampler
     max_tokens: int
-    cache: DynamicCache | None = None
+    row: int | None = None  # its SlotCache row, from the start of its prefill to its end
+    embeds: torch.Tensor | None = None  # [L, D] the prompt's input embeddings, while prefilling
+    pos: torch.Tensor | None = None  # [4, 1, L] its positions, while prefilling
+    prefilled: int = 0  # prompt tokens in the cache
+    hidden: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per chunk
     next_pos: torch.Tensor | None = None  # [4, 1, 1]: position of the next input token
     tokens: list[int] = field(default_factory=list)
+
+    @property
+    def decoding(self) -> bool:
+        return self.next_pos is not None
 
 
 class ThinkerExecutor(HoldsRequests):
@@ -72,6 +82,18 @@ class ThinkerExecutor(HoldsRequests):
         self.accept_layer = self.cfg.talker_config.accept_hidden_layer
         tc = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tc.audio_token_id, tc.image_token_id, tc.video_token_id])
+        self.lm = self.model.model.language_model
+        text = self.lm.config
+        self.cache = SlotCache(
+            text.num_hidden_layers,
+            text.num_key_value_heads,
+            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            ctx.max_batch,
+            self.embed.weight.dtype,
+            self.device,
+            sdpa=text._attn_implementation == "sdpa",
+        )
+        self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -112,61 +134,112 @@ class ThinkerExecutor(HoldsRequests):
         return bool(self.running())
 
     def step(self) -> list[Emit]:
-        """Prefill one new request, or else decode one token of every running request."""
+        """Decode one token of every running request together, then prefill new prompts."""
         running = self.running()
-        fresh = next((rid for rid, r in running.items() if r.cache is None), None)
-        if fresh is not None:
-            return self._prefill(fresh)
-        emits: list[Emit] = []
-        for rid in list(running):
-            emits += self._decode(rid)
+        decoding = [rid for rid, r in running.items() if r.decoding]
+        emits = self._decode(decoding) if decoding else []
+        budget = self.prefill_budget
+        for rid, r in running.items():
+            if r.decoding or rid not in self.reqs:
+                continue
+            if budget <= 0 or (r.row is None and self.cache.in_use() >= self.cache.rows):
+                break  # first come, first served: later prompts wait their turn
+            if r.row is None:
+                self._start_prefill(r)
+            assert r.embeds is not None
+            n = min(budget, r.embeds.shape[0] - r.prefilled)
+            budget -= n
+            emits += self._prefill_chunk(rid, r, n)
         return emits
 
     def abort(self, request_id: str) -> None:
-        self.reqs.pop(request_id, None)
+        r = self.reqs.pop(request_id, None)
+        if r is not None and r.row is not None:
+            self.cache.free(r.row)
 
     # ---- model calls ---------------------------------------------------------------------
 
-    def _prefill(self, rid: str) -> list[Emit]:
-        r = self.reqs[rid]
+    def _start_prefill(self, r: _Request) -> None:
+        """Take a cache row and merge the prompt's embeddings, as the thinker's forward does."""
+        r.row = self.cache.alloc()
         ids = r.ids.view(1, -1)
         embeds = self.embed(ids)
-        if r.audio_embeds is not None:  # as the thinker's forward merges its own audio features
-            mask = (ids == self.cfg.thinker_config.audio_token_id).unsqueeze(-1)
+        tc = self.cfg.thinker_config
+        if r.audio_embeds is not None:
+            mask = (ids == tc.audio_token_id).unsqueeze(-1)
             embeds = embeds.masked_scatter(mask, r.audio_embeds.to(embeds.dtype))
-        mm = None
         if r.image_embeds is not None:
-            feats = [(f,) for f in r.deepstack] if r.deepstack is not None else []
-            mm = {
-                "image": BaseModelOutputWithDeepstackFeatures(
-                    pooler_output=(r.image_embeds,), deepstack_features=feats
-                )
-            }
-        pos = mrope_positions(self.model, r.ids, r.grid, r.audio_lengths, always=True)
-        r.cache = DynamicCache(config=self.model.config.text_config)
-        out = self.model(
-            input_ids=ids,
-            inputs_embeds=embeds,
-            mm_encoder_outputs=mm,
-            attention_mask=None,  # generate drops an all-ones mask: keep the same kernels
-            position_ids=pos,
-            cache=r.cache,
+            mask = (ids == tc.image_token_id).unsqueeze(-1)
+            embeds = embeds.masked_scatter(mask, r.image_embeds.to(embeds.dtype))
+        r.embeds = embeds[0]
+        r.pos = mrope_positions(self.model, r.ids, r.grid, r.audio_lengths, always=True)
+
+    def _prefill_chunk(self, rid: str, r: _Request, n: int) -> list[Emit]:
+        assert r.embeds is not None and r.pos is not None and r.row is not None
+        a, b = r.prefilled, r.prefilled + n
+        deepstack = visual = None
+        if r.image_embeds is not None and r.deepstack is not None:
+            vis = r.ids == self.cfg.thinker_config.image_token_id
+            before, inside = int(vis[:a].sum()), int(vis[a:b].sum())
+            visual = vis[None, a:b]
+            deepstack = [f[before : before + inside] for f in r.deepstack]
+        window = self.cache.prefill(r.row, n)
+        out = self.lm(
+            inputs_embeds=r.embeds[None, a:b],
+            position_ids=r.pos[..., a:b],
+            attention_mask=window.mask,
+            cache=window,
             use_cache=True,
+            visual_pos_masks=visual,
+            deepstack_visual_embeds=deepstack,
             output_hidden_states=self.speech,
         )
-        r.next_pos = pos[..., -1:] + 1
-        rows = None
+        window.commit()
+        r.prefilled = b
         if self.speech:
             hs = out.hidden_states
-            rows = self._prompt_rows(r.ids, hs[0][0], hs[self.accept_layer][0])
-        return self._take(rid, out.logits[0, -1], rows)
+            r.hidden.append((hs[0][0], hs[self.accept_layer][0]))
+        if b < r.embeds.shape[0]:
+            return []
+        rows = None
+        if self.speech:
+            embeds = torch.cat([h[0] for h in r.hidden])
+            hidden = torch.cat([h[1] for h in r.hidden])
+            rows = self._prompt_rows(r.ids, embeds, hidden)
+        r.next_pos = r.pos[..., -1:] + 1
+        r.embeds = r.pos = None
+        r.hidden = []
+        logits = self.model.lm_head(out.last_hidden_state[:, -1:])
+        tok = r.sampler.pick_tensor(logits[0, -1].float())
+        return self._take(rid, int(tok), rows)
 
-    def _decode(self, rid: str) -> list[Emit]:
-        r = self.reqs[rid]
-        tok = torch.tensor([[r.tokens[-1]]], device=self.device)
-        out = self.model(input_ids=tok, position_ids=r.next_pos, cache=r.cache, use_cache=True)
-        r.next_pos = r.next_pos + 1
-        return self._take(rid, out.logits[0, -1], None)
+    def _decode(self, rids: list[str]) -> list[Emit]:
+        """One token for each of `rids`, in one forward over the cache rows in use."""
+        hi = self.cache.span()
+        reqs = [self.reqs[rid] for rid in rids]
+        rows = [r.row for r in reqs]
+        assert None not in rows
+        ids = torch.zeros(hi, 1, dtype=torch.long)
+        pos = torch.zeros(4, hi, 1, dtype=torch.long)
+        for r in reqs:
+            ids[r.row, 0] = r.tokens[-1]
+            pos[:, r.row] = r.next_pos[:, 0]  # type: ignore[index]
+        window = self.cache.decode(hi, rows)  # type: ignore[arg-type]
+        out = self.model(
+            input_ids=ids.to(self.device),
+            position_ids=pos.to(self.device),
+            attention_mask=window.mask,
+            cache=window,
+            use_cache=True,
+        )
+        window.commit()
+        logits = out.logits[:, -1].float()
+        picks = torch.stack([r.sampler.pick_tensor(logits[r.row]) for r in reqs]).tolist()
+        emits: list[Emit] = []
+        for rid, r, tok in zip(rids, reqs, picks, strict=True):
+            r.next_pos = r.next_pos + 1  # type: ignore[operator]
+            emits += self._take(rid, int(tok), None)
+        return emits
 
     def _prompt_rows(self, ids: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor) -> Any:
         users = user_positions(ids.cpu(), self.cfg).to(ids.device)
@@ -175,9 +248,8 @@ class ThinkerExecutor(HoldsRequests):
         rows = torch.where(mm, hidden, embeds)[users]
         return torch.cat([rows, embeds[a : a + 3]])
 
-    def _take(self, rid: str, logits: torch.Tensor, prompt_rows: Any) -> list[Emit]:
+    def _take(self, rid: str, tok: int, prompt_rows: Any) -> list[Emit]:
         r = self.reqs[rid]
-        tok = r.sampler.pick(logits.float())
         r.tokens.append(tok)
         last = tok in self.stop_ids or len(r.tokens) >= r.max_tokens
         meta = {"token_id": tok, "index": len(r.tokens) - 1, "token_time": time.monotonic()}
@@ -189,6 +261,6 @@ class ThinkerExecutor(HoldsRequests):
                 speech["prompt_rows"] = prompt_rows
             emits.append(Emit(rid, speech, to=self.speech_to))
         if last:
-            del self.reqs[rid]
+            self.abort(rid)  # its row goes back to the cache
             emits.append(Emit(rid, done=True))
         return emits
