@@ -11,6 +11,10 @@ exactly the length and alignment of one call on all frames, with no sample dropp
 The samples equal that one call to float noise once c >= layers * sliding_window; with less
 context they differ slightly (a quality/latency trade-off set by `left_context_frames`).
 
+Batching: the chunks due in one step whose windows (left context plus chunk) have the same
+number of frames are decoded in one call, up to the stage's `max_batch` (every first chunk of
+`first_chunk_frames`, and every full later chunk once its context is full, share a shape).
+
 Outputs: `{pcm [n] float32, codes [frames, 16] int32, index, frames, token_time, request_id,
 sample_rate_hz}`, where `token_time` is that of the chunk's first frame.
 """
@@ -84,6 +88,7 @@ class Code2WavExecutor(HoldsRequests):
         )
         if self.plan.left_context_frames < 1 or self.plan.first_chunk_frames < 1:
             raise ValueError("code2wav: left_context_frames and first_chunk_frames must be >= 1")
+        self.max_batch = ctx.max_batch
         self.reqs: dict[str, _Request] = {}
 
     def _lost_tail(self) -> int:
@@ -108,13 +113,21 @@ class Code2WavExecutor(HoldsRequests):
 
     def step(self) -> list[Emit]:
         emits: list[Emit] = []
+        due: dict[int, list[tuple[str, int]]] = {}  # window frames -> (rid, chunk end)
         for rid, r in list(self.running().items()):
             end = self._due(r)
             if end is not None:
-                emits.append(self._chunk(rid, r, end))
-            if r.ended and r.start >= len(r.frames):
+                due.setdefault(end - self.plan.window(r.start), []).append((rid, end))
+            elif r.ended and r.start >= len(r.frames):
                 del self.reqs[rid]
                 emits.append(Emit(rid, done=True))
+        budget = self.max_batch
+        for group in due.values():
+            group = group[:budget]
+            budget -= len(group)
+            emits += self._chunks(group)
+            if budget <= 0:
+                break
         return emits
 
     def abort(self, request_id: str) -> None:
@@ -123,27 +136,37 @@ class Code2WavExecutor(HoldsRequests):
     def _due(self, r: _Request) -> int | None:
         return self.plan.next_end(r.start, len(r.frames), r.ended)
 
-    def _chunk(self, rid: str, r: _Request, end: int) -> Emit:
-        s = r.start
-        first = self.plan.window(s)
-        codes = torch.from_numpy(np.stack(r.frames[first:end], axis=1))[None].to(self.device)
-        wav = self.model(codes)[0, 0, self.plan.trim(s) :]
-        data = {
-            "pcm": wav.float().cpu().numpy(),
-            "codes": np.stack(r.frames[s:end]).astype(np.int32),
-            "index": r.chunks,
-            "frames": end - s,
-            "token_time": r.times[s],
-            "request_id": rid,
-            "sample_rate_hz": SAMPLE_RATE_HZ,
-        }
-        r.chunks += 1
-        r.start = end
-        # Frames before the next chunk's left context are never read again.
-        keep_from = self.plan.window(end)
-        for i in range(keep_from):
-            r.frames[i] = _EMPTY
-        return Emit(rid, data)
+    def _chunks(self, group: list[tuple[str, int]]) -> list[Emit]:
+        """One code2wav call for chunks whose windows have the same length."""
+        windows = []
+        for rid, end in group:
+            r = self.reqs[rid]
+            windows.append(np.stack(r.frames[self.plan.window(r.start) : end], axis=1))
+        wavs = self.model(torch.from_numpy(np.stack(windows)).to(self.device))[:, 0]
+        pcm = wavs.float().cpu().numpy()
+        emits = []
+        for (rid, end), wav in zip(group, pcm, strict=True):
+            r = self.reqs[rid]
+            s = r.start
+            data = {
+                "pcm": wav[self.plan.trim(s) :],
+                "codes": np.stack(r.frames[s:end]).astype(np.int32),
+                "index": r.chunks,
+                "frames": end - s,
+                "token_time": r.times[s],
+                "request_id": rid,
+                "sample_rate_hz": SAMPLE_RATE_HZ,
+            }
+            r.chunks += 1
+            r.start = end
+            # Frames before the next chunk's left context are never read again.
+            for i in range(self.plan.window(end)):
+                r.frames[i] = _EMPTY
+            emits.append(Emit(rid, data))
+            if r.ended and r.start >= len(r.frames):
+                del self.reqs[rid]
+                emits.append(Emit(rid, done=True))
+        return emits
 
 
 _EMPTY = np.zeros(0, np.int64)

@@ -190,6 +190,8 @@ class TalkerExecutor(HoldsRequests):
                 emits.append(Emit(rid, done=True))
             elif r.row is None and budget > 0 and self.cache.in_use() < self.cache.rows:
                 tok = r.tokens.popleft()
+                if tok.last:  # a one-token answer: its end-of-text row comes next, as always
+                    r.tokens.appendleft(tok)
                 embeds, pos = self._prefill_inputs(r, tok)
                 budget -= embeds.shape[1]
                 r.row = self.cache.alloc()

@@ -139,7 +139,7 @@ class ThinkerExecutor(HoldsRequests):
         decoding = [rid for rid, r in running.items() if r.decoding]
         emits = self._decode(decoding) if decoding else []
         budget = self.prefill_budget
-        for rid, r in running.items():
+        for rid, r in list(running.items()):
             if r.decoding or rid not in self.reqs:
                 continue
             if budget <= 0 or (r.row is None and self.cache.in_use() >= self.cache.rows):
