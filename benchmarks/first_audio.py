@@ -54,6 +54,7 @@ def load(name: str, mode: str) -> dict[str, Any] | None:
     edges = [e for e in data["edges"] if (e["src"], e["dst"]) != ("code2wav", "client")]
     big = {"src": "code2wav", "dst": "client", "slots": 2, "slot_bytes": 8 << 20}
     data["edges"] = [*edges, big]
+    data["stages"]["code2wav"]["max_batch"] = 2  # one request at a time: two credits suffice
     return data
 
 

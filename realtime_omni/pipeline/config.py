@@ -60,8 +60,9 @@ class StageConfig(_Strict):
         ge=1,
         le=1024,
         description="Requests one step of this stage serves together (one forward for all "
-        "decoding requests). 1 serves one request per forward: the unbatched baseline. Edges "
-        "that are not set explicitly get credits for this many requests in flight.",
+        "decoding requests). 1 serves one request per forward: the unbatched baseline. Streaming "
+        "edges that are not set explicitly get credits for this many requests in flight, and "
+        "one set below it is refused.",
     )
     max_prefill_tokens_per_step: int = Field(
         default=512,

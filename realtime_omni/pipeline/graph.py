@@ -82,10 +82,13 @@ class Graph:
             o = overrides.get((src, dst))
             slots = o.slots if o and o.slots else rt.default_slots
             request_slots = o.request_slots if o and o.request_slots else max(1, slots // 4)
-            # Credits for a batch: the stage that batches (the receiver, or the sender for edges
-            # to the caller) can have `max_batch` requests in flight here, each with its share.
+            # Credits for a batch: on a streaming edge the stage that batches (the receiver, or
+            # the sender for edges to the caller) can have `max_batch` requests in flight, each
+            # with its share. A once-payload holds its credit only until its request starts.
             batch = cfg.stages[dst if dst != CLIENT else src].max_batch
-            if not (o and o.slots):
+            if kind == "once":
+                pass
+            elif not (o and o.slots):
                 slots = max(slots, batch * request_slots)
             elif slots < batch:
                 raise ConfigError(

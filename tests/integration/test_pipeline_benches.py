@@ -1,5 +1,6 @@
-"""benchmarks/abort.py, first_audio.py and gc_pause.py run end to end with a handful of requests
-(or passes) and write their JSON (its shape is checked, not its numbers)."""
+"""benchmarks/abort.py, concurrency.py, first_audio.py and gc_pause.py run end to end with a
+handful of requests (or passes) and write their JSON (its shape is checked, not its
+numbers)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def test_gc_pause_benchmark_smoke(tmp_path: Path) -> None:
     assert 10_000 < data["frozen"] <= data["objects"]
     assert data["full_pass_ms"] > 0 and data["frozen_pass_ms"] > 0
     assert "start-up frozen" in stdout
+
+
+def test_concurrency_benchmark_smoke(tmp_path: Path) -> None:
+    """Simulated config, 1 and 4 streams: the batched rows beat the unbatched ones at 4 streams
+    (a simulated batch step costs less than four single steps, by the cost model)."""
+    args = ("--configs", "simulated", "--streams", "1,4", "--max-tokens", "4")
+    data, stdout = bench("concurrency.py", *args, "--json", str(tmp_path / "c.json"), limit_s=180)
+    rows = {(r["batched"], r["streams"]): r for r in data["rows"]}
+    assert set(rows) == {(True, 1), (True, 4), (False, 1), (False, 4)}
+    for r in rows.values():
+        assert set(r) == {"config", "batched", "streams", "frames_per_s", "worst_rtf",
+                          "first_audio_ms_p50", "first_audio_ms_p99"}  # fmt: skip
+        assert r["config"] == "simulated" and r["frames_per_s"] > 0 and r["worst_rtf"] > 0
+        assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p99"]
+    assert rows[(True, 4)]["frames_per_s"] > rows[(False, 4)]["frames_per_s"]
+    assert "batched / max_batch 1 frames/s" in stdout

@@ -84,8 +84,9 @@ def tokenizer_text(d: Any, ids: list[int]) -> str:
 
 
 def test_concurrent_requests_match_each_alone(pipeline: Any) -> None:
-    """Two requests with different prompts and sampling seeds, in flight together, give the same
-    tokens, codes and waveform as each run alone: no state is shared between requests."""
+    """Two requests with different prompts and sampling seeds, in flight together (so batched in
+    every stage), give the same tokens, codes and waveform as each run alone: no state is
+    shared between requests."""
     lt, coord = pipeline
     a = {
         **conversation("audio_image"),
@@ -110,5 +111,7 @@ def test_concurrent_requests_match_each_alone(pipeline: Any) -> None:
     for x, y in zip(alone, both, strict=True):
         assert x["text_ids"] == y["text_ids"] and len(x["text_ids"]) > 0
         np.testing.assert_array_equal(x["codes"], y["codes"])
-        np.testing.assert_array_equal(x["wav"], y["wav"])
+        # code2wav decodes chunks of equal shape from both requests in one call: other BLAS
+        # blocking, the same samples to float noise.
+        np.testing.assert_allclose(x["wav"], y["wav"], atol=1e-5)
     assert alone[0]["text_ids"] != alone[1]["text_ids"]

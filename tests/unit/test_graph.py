@@ -121,15 +121,14 @@ def test_explicit_wait_for_is_kept() -> None:
 
 def test_edge_overrides_of_slots_and_slot_bytes(sim: Graph) -> None:
     rt = sim.cfg.runtime
-    batch = sim.stages["image_encoder"].max_batch
-    e = sim.edge("preprocessing", "image_encoder")  # credits for a batch: 2 each
-    assert (e.slots, e.slot_bytes) == (batch * rt.default_slots // 4, 2408448)
+    e = sim.edge("preprocessing", "image_encoder")
+    assert (e.slots, e.slot_bytes) == (rt.default_slots, 2408448)
     e = sim.edge("thinker", "talker_ar")
     assert (e.slots, e.slot_bytes) == (64, rt.default_slot_bytes)
     e = sim.edge("code2wav", CLIENT)
     assert (e.slots, e.slot_bytes) == (32, rt.default_slot_bytes)
     e = sim.edge("preprocessing", "thinker")  # no override
-    assert (e.slots, e.slot_bytes) == (batch * rt.default_slots // 4, rt.default_slot_bytes)
+    assert (e.slots, e.slot_bytes) == (rt.default_slots, rt.default_slot_bytes)
 
 
 def test_runtime_defaults_apply_to_edges_without_override() -> None:
@@ -182,12 +181,13 @@ def test_tcp_endpoints_with_hosts(tmp_path: Path) -> None:
 
 
 def test_edges_get_credits_for_a_batch() -> None:
-    """An edge not set in the config lends `max_batch` requests their share each; one set
-    below the batch is refused, naming the fix."""
+    """A streaming edge not set in the config lends `max_batch` requests their share each; one
+    set below the batch is refused, naming the fix. Once-edges keep their credits: a
+    once-payload holds one only until its request starts."""
     g = graph({"a": st(stream_to=["b"], max_batch=4), "b": st(terminal=True, max_batch=32)})
     assert g.edge("a", "b").slots == 32 * 2  # 8 default slots: 2 per request
     assert g.edge("b", "client").slots == 64  # b batches what it sends to the caller
-    assert g.edge("client", "a").slots == 8  # 4 requests x 2 fit in the default
+    assert g.edge("client", "a").slots == 8  # once
     with pytest.raises(ConfigError, match=r"slots = 16: fewer than the 32 requests.*max_batch"):
         graph(
             {"a": st(stream_to=["b"]), "b": st(terminal=True)},

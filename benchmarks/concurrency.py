@@ -1,0 +1,177 @@
+"""Concurrency: many streaming requests through the pipeline at once, batched against unbatched.
+
+For each config (the simulated Qwen3-Omni timings, and the tiny real model on this CPU) and each
+number of streams N, starts N streaming requests `--stagger-ms` apart through the real stage
+processes (no gateway), reads every output as it comes, and reports, for the config as it is
+(every stage batching up to its `max_batch`) and with `max_batch: 1` on every stage (one request
+per forward, the baseline) in the same run:
+
+- frames_per_s: the audio frames (80 ms each) of all streams over the wall time from the first
+  submit to the last output;
+- worst_rtf: the slowest stream's real-time factor, the time from its submit to its last audio
+  over the duration of that audio (< 1: faster than real time);
+- first_audio_ms p50 and p99 over the streams.
+
+    python benchmarks/concurrency.py [--configs tiny,simulated] [--streams 1,4,16,64]
+        [--max-tokens 16] [--stagger-ms 50] [--json PATH]
+
+Targets (tiny config, 16 streams, this 2-core machine): batched frames/s >= 4 x unbatched,
+worst_rtf < 1, first audio p99 <= 2 x the one-stream p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from realtime_omni.pipeline.config import parse_config  # noqa: E402
+from realtime_omni.pipeline.coordinator import Coordinator  # noqa: E402
+
+CONFIGS = {
+    "tiny": ROOT / "configs/tiny.yaml",
+    "simulated": ROOT / "configs/simulated-qwen3-omni.yaml",
+}
+FRAME_S = 0.08
+SAMPLES_PER_FRAME = 1920
+
+
+def load(name: str, batched: bool) -> dict[str, Any]:
+    data = yaml.safe_load(CONFIGS[name].read_text())
+    if not batched:
+        for stage in data["stages"].values():
+            stage["max_batch"] = 1
+    return data
+
+
+def request(name: str, max_tokens: int, seed: int) -> dict[str, Any]:
+    if name == "simulated":
+        return {"max_tokens": max_tokens}
+    t = np.arange(16000) / 16000
+    audio = (0.3 * np.sin(2 * np.pi * (200 * t + 300 * t * t))).astype(np.float32)
+    content = [{"type": "audio", "audio": "audio0"}, {"type": "text", "text": "Answer briefly."}]
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "audio0": audio,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "talker_seed": seed,
+        "talker_max_tokens": 2 * max_tokens,  # random weights never stop on their own
+    }
+
+
+async def one_stream(coord: Coordinator, payload: dict[str, Any]) -> dict[str, float]:
+    t0 = time.monotonic()
+    first = last = None
+    samples = 0
+    async for out in await coord.submit(payload):
+        if "pcm" in out.data:
+            now = time.monotonic()
+            first = first if first is not None else now
+            last = now
+            samples += int(np.asarray(out.data["pcm"]).size)
+    if first is None or last is None:
+        raise RuntimeError("a stream ended without audio")
+    audio_s = samples / (SAMPLES_PER_FRAME / FRAME_S)
+    return {
+        "start": t0,
+        "end": last,
+        "first_ms": (first - t0) * 1e3,
+        "frames": samples / SAMPLES_PER_FRAME,
+        "rtf": (last - t0) / max(audio_s, 1e-9),
+    }
+
+
+async def measure(
+    coord: Coordinator, name: str, streams: int, max_tokens: int, stagger_s: float
+) -> dict[str, Any]:
+    async def started(i: int) -> dict[str, float]:
+        await asyncio.sleep(i * stagger_s)
+        return await one_stream(coord, request(name, max_tokens, i))
+
+    got = await asyncio.gather(*(started(i) for i in range(streams)))
+    wall = max(g["end"] for g in got) - min(g["start"] for g in got)
+    firsts = sorted(g["first_ms"] for g in got)
+    return {
+        "streams": streams,
+        "frames_per_s": sum(g["frames"] for g in got) / wall,
+        "worst_rtf": max(g["rtf"] for g in got),
+        "first_audio_ms_p50": statistics.median(firsts),
+        "first_audio_ms_p99": float(np.percentile(firsts, 99)),
+    }
+
+
+async def run(
+    name: str, batched: bool, counts: list[int], max_tokens: int, stagger_s: float
+) -> list[dict[str, Any]]:
+    rows = []
+    async with Coordinator(parse_config(load(name, batched))) as coord:
+        await one_stream(coord, request(name, max_tokens, 0))  # warm up
+        for n in counts:
+            print(f"  {name} {'batched' if batched else 'max_batch 1'}: {n} streams", end="",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            t = time.monotonic()
+            row = await measure(coord, name, n, max_tokens, stagger_s)
+            print(f" ({time.monotonic() - t:.0f} s)", file=sys.stderr, flush=True)
+            rows.append({"config": name, "batched": batched, **row})
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'config':10} {'batched':>8} {'streams':>7} {'frames/s':>9} {'worst rtf':>9} "
+        f"{'first p50':>10} {'first p99':>10}"
+    )
+    for r in rows:
+        print(
+            f"{r['config']:10} {'yes' if r['batched'] else 'no':>8} {r['streams']:>7} "
+            f"{r['frames_per_s']:>9.1f} {r['worst_rtf']:>9.2f} "
+            f"{r['first_audio_ms_p50']:>8.0f}ms {r['first_audio_ms_p99']:>8.0f}ms"
+        )
+    by = {(r["config"], r["batched"], r["streams"]): r for r in rows}
+    for (config, batched, n), r in by.items():
+        base = by.get((config, False, n))
+        one = by.get((config, True, 1))
+        if not batched or base is None or one is None or n == 1:
+            continue
+        ratio = r["frames_per_s"] / base["frames_per_s"]
+        p99 = r["first_audio_ms_p99"] / one["first_audio_ms_p50"]
+        verdict = "ok" if ratio >= 4 and r["worst_rtf"] < 1 and p99 <= 2 else "MISS"
+        print(
+            f"{config} {n} streams: batched / max_batch 1 frames/s = {ratio:.1f}x (target 4x), "
+            f"worst rtf {r['worst_rtf']:.2f} (target < 1), first audio p99 / one-stream p50 = "
+            f"{p99:.1f} (target <= 2): {verdict}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="tiny,simulated")
+    parser.add_argument("--streams", default="1,4,16,64")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--stagger-ms", type=float, default=50.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    counts = [int(n) for n in args.streams.split(",")]
+    rows = []
+    for name in args.configs.split(","):
+        for batched in (True, False):
+            rows += asyncio.run(run(name, batched, counts, args.max_tokens, args.stagger_ms / 1e3))
+    report(rows)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
