@@ -32,24 +32,44 @@ class Sampler:
         return int(self.pick_tensor(logits))
 
     def pick_tensor(self, logits: torch.Tensor) -> torch.Tensor:
-        """The token id as a 0-d tensor on the logits' device: no host sync, so a batch's picks
-        can be read back together."""
-        if self.temperature == 0:
-            return logits.argmax(-1)
+        """The token id as a 0-d tensor on the logits' device: no host sync."""
+        return pick_batch([self], logits[None])[0]
+
+    def uniform(self, device: torch.device) -> torch.Tensor:
+        """One draw in [0, 1) from this request's own generator."""
         if self.generator is None:
-            self.generator = torch.Generator(device=logits.device)
+            self.generator = torch.Generator(device=device)
             if self.seed is not None:
                 self.generator.manual_seed(int(self.seed))
             else:
                 self.generator.seed()
-        x = logits.float() / self.temperature
-        if self.top_k:
-            kth = torch.topk(x, min(self.top_k, x.numel())).values[-1]
-            x = x.masked_fill(x < kth, float("-inf"))
-        if self.top_p < 1:
-            sorted_x, order = torch.sort(x, descending=True)
-            cum = sorted_x.softmax(-1).cumsum(-1)
-            cut = cum - sorted_x.softmax(-1) >= self.top_p  # keep the smallest set reaching top_p
-            x = x.masked_fill(cut.scatter(0, order, cut), float("-inf"))  # no host sync
-        probs = x.softmax(-1)
-        return torch.multinomial(probs, 1, generator=self.generator)[0]
+        return torch.rand((), generator=self.generator, device=device)
+
+
+def pick_batch(samplers: list[Sampler], logits: torch.Tensor) -> torch.Tensor:
+    """Token ids [n] for `logits` [n, vocab], row i with `samplers[i]`, in a handful of batched
+    ops and without a host sync. A row's pick depends only on its logits and its own generator
+    (one uniform draw per pick, inverse CDF over the tokens top-k and top-p keep), so it is the
+    same whichever rows it is batched with."""
+    logits = logits.float()
+    greedy = logits.argmax(-1)
+    hot = [i for i, s in enumerate(samplers) if s.temperature > 0]
+    if not hot:
+        return greedy
+    device = logits.device
+    chosen = [samplers[i] for i in hot]
+    vocab = logits.shape[-1]
+    temps = torch.tensor([s.temperature for s in chosen], device=device)
+    x, order = (logits[hot] / temps[:, None]).sort(-1, descending=True)
+    ks = torch.tensor([min(s.top_k or vocab, vocab) for s in chosen], device=device)
+    kth = x.gather(1, (ks - 1)[:, None])
+    x = x.masked_fill(x < kth, float("-inf"))
+    probs = x.softmax(-1)
+    top_p = torch.tensor([s.top_p for s in chosen], device=device)[:, None]
+    cut = (probs.cumsum(-1) - probs >= top_p) & (top_p < 1)  # keep the smallest set reaching top_p
+    cdf = x.masked_fill(cut, float("-inf")).softmax(-1).cumsum(-1)
+    u = torch.stack([s.uniform(device) for s in chosen])
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_max(vocab - 1)
+    out = greedy.clone()
+    out[hot] = order.gather(1, idx)[:, 0]
+    return out

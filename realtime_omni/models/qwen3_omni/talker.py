@@ -36,7 +36,7 @@ from transformers import DynamicCache
 
 from realtime_omni.models.qwen3_omni.cache import SlotCache
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
-from realtime_omni.models.qwen3_omni.sampling import Sampler
+from realtime_omni.models.qwen3_omni.sampling import Sampler, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import (
     model_dtype,
     nonempty,
@@ -180,7 +180,7 @@ class TalkerExecutor(HoldsRequests):
         """One frame for every request whose next text step is available."""
         emits: list[Emit] = []
         ready = [rid for rid, r in self.running().items() if self._ready(r)][: self.max_batch]
-        picked: list[tuple[str, torch.Tensor, float]] = []  # (rid, code 0, token_time)
+        picked: list[tuple[str, torch.Tensor, float]] = []  # (rid, code 0 logits, token_time)
         hidden: list[torch.Tensor] = []  # the talker's last hidden state of each, [1, 1, D]
         budget = self.prefill_budget
         for rid in ready:
@@ -197,21 +197,19 @@ class TalkerExecutor(HoldsRequests):
                 r.row = self.cache.alloc()
                 window = self.cache.prefill(r.row, embeds.shape[1])
                 out = self._talker(r, embeds, pos, window)
-                picked.append((rid, self._pick_code0(r, out.logits[0, -1]), tok.token_time))
+                picked.append((rid, out.logits[0, -1], tok.token_time))
                 hidden.append(out.hidden_states[0][-1][:, -1:])
         decoding = [rid for rid in ready if rid in self.reqs and self.reqs[rid].row is not None]
         decoding = [rid for rid in decoding if rid not in {p[0] for p in picked}]
         if decoding:
-            for rid, code0, h, t in self._decode(decoding):
-                picked.append((rid, code0, t))
+            for rid, logits, h, t in self._decode(decoding):
+                picked.append((rid, logits, t))
                 hidden.append(h)
         if not picked:
             return emits
-        frames = self._residuals(
-            [self.reqs[rid] for rid, _, _ in picked],
-            torch.stack([c for _, c, _ in picked]),
-            torch.cat(hidden),
-        ).tolist()  # the step's one read back to the host
+        reqs = [self.reqs[rid] for rid, _, _ in picked]
+        code0 = self._pick_code0s(reqs, torch.stack([x for _, x, _ in picked]))
+        frames = self._residuals(reqs, code0, torch.cat(hidden)).tolist()  # one read back
         for (rid, _, token_time), codes in zip(picked, frames, strict=True):
             r = self.reqs[rid]
             r.spoken += 1
@@ -242,7 +240,7 @@ class TalkerExecutor(HoldsRequests):
         return bool(r.tokens) or r.thinker_done
 
     def _decode(self, rids: list[str]) -> list[tuple[str, torch.Tensor, torch.Tensor, float]]:
-        """One talker forward for the rows of `rids`: (rid, code 0, last hidden, token_time)."""
+        """One talker forward for the rows of `rids`: (rid, logits, last hidden, token_time)."""
         hi = self.cache.span()
         reqs = [self.reqs[rid] for rid in rids]
         toks = [r.tokens.popleft() if r.tokens else None for r in reqs]
@@ -268,10 +266,8 @@ class TalkerExecutor(HoldsRequests):
         result = []
         for rid, r, tok in zip(rids, reqs, toks, strict=True):
             r.next_pos = r.next_pos + 1  # type: ignore[operator]
-            code0 = self._pick_code0(r, out.logits[r.row, -1])
-            result.append(
-                (rid, code0, last[r.row : r.row + 1, -1:], tok.token_time if tok else r.last_time)
-            )
+            token_time = tok.token_time if tok else r.last_time
+            result.append((rid, out.logits[r.row, -1], last[r.row : r.row + 1, -1:], token_time))
         return result
 
     def _prefill_inputs(self, r: _Request, tok: _Token) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,16 +327,19 @@ class TalkerExecutor(HoldsRequests):
         r.next_pos = pos[..., -1:] + 1
         return out
 
-    def _pick_code0(self, r: _Request, logits: torch.Tensor) -> torch.Tensor:
+    def _pick_code0s(self, reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:
+        """Code 0 [n]: each row's repetition penalty over its earlier code 0s, the special ids
+        suppressed except codec EOS, then each row's own sampler."""
         x = logits.float().clone()
-        if r.code0s and r.repetition_penalty != 1.0:
-            seen = torch.tensor(r.code0s, device=x.device)
-            score = x[seen]
-            x[seen] = torch.where(
-                score < 0, score * r.repetition_penalty, score / r.repetition_penalty
-            )
-        x[self.suppress] = float("-inf")
-        return r.sampler.pick_tensor(x)
+        for i, r in enumerate(reqs):
+            if r.code0s and r.repetition_penalty != 1.0:
+                seen = torch.tensor(r.code0s, device=x.device)
+                score = x[i, seen]
+                x[i, seen] = torch.where(
+                    score < 0, score * r.repetition_penalty, score / r.repetition_penalty
+                )
+        x[:, self.suppress] = float("-inf")
+        return pick_batch([r.sampler for r in reqs], x)
 
     def _residuals(
         self, reqs: list[_Request], code0: torch.Tensor, past_hidden: torch.Tensor
@@ -369,7 +368,4 @@ class TalkerExecutor(HoldsRequests):
 
     @staticmethod
     def _pick_residuals(reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()
-        if all(r.residual_sampler.temperature == 0 for r in reqs):
-            return logits.argmax(-1)
-        return torch.stack([r.residual_sampler.pick_tensor(logits[i]) for i, r in enumerate(reqs)])
+        return pick_batch([r.residual_sampler for r in reqs], logits)

@@ -33,7 +33,7 @@ import torch
 
 from realtime_omni.models.qwen3_omni.cache import SlotCache
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
-from realtime_omni.models.qwen3_omni.sampling import Sampler
+from realtime_omni.models.qwen3_omni.sampling import Sampler, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
 from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
@@ -233,8 +233,8 @@ class ThinkerExecutor(HoldsRequests):
             use_cache=True,
         )
         window.commit()
-        logits = out.logits[:, -1].float()
-        picks = torch.stack([r.sampler.pick_tensor(logits[r.row]) for r in reqs]).tolist()
+        logits = out.logits[rows, -1]
+        picks = pick_batch([r.sampler for r in reqs], logits).tolist()  # one read back
         emits: list[Emit] = []
         for rid, r, tok in zip(rids, reqs, picks, strict=True):
             r.next_pos = r.next_pos + 1  # type: ignore[operator]
