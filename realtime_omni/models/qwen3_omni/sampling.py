@@ -60,8 +60,10 @@ def pick_batch(samplers: list[Sampler], logits: torch.Tensor) -> torch.Tensor:
     chosen = [samplers[i] for i in hot]
     vocab = logits.shape[-1]
     temps = torch.tensor([s.temperature for s in chosen], device=device)
-    x, order = (logits[hot] / temps[:, None]).sort(-1, descending=True)
-    ks = torch.tensor([min(s.top_k or vocab, vocab) for s in chosen], device=device)
+    ks_host = [min(s.top_k or vocab, vocab) for s in chosen]
+    # Only the best max(top_k) tokens can be kept: a top-k beats sorting the whole vocabulary.
+    x, order = torch.topk(logits[hot] / temps[:, None], max(ks_host), dim=-1)
+    ks = torch.tensor(ks_host, device=device)
     kth = x.gather(1, (ks - 1)[:, None])
     x = x.masked_fill(x < kth, float("-inf"))
     probs = x.softmax(-1)
@@ -69,7 +71,7 @@ def pick_batch(samplers: list[Sampler], logits: torch.Tensor) -> torch.Tensor:
     cut = (probs.cumsum(-1) - probs >= top_p) & (top_p < 1)  # keep the smallest set reaching top_p
     cdf = x.masked_fill(cut, float("-inf")).softmax(-1).cumsum(-1)
     u = torch.stack([s.uniform(device) for s in chosen])
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_max(vocab - 1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_max(x.shape[-1] - 1)
     out = greedy.clone()
     out[hot] = order.gather(1, idx)[:, 0]
     return out
