@@ -76,7 +76,6 @@ class _Request:
     next_pos: torch.Tensor | None = None
     code0s: list[int] = field(default_factory=list)
     frame: torch.Tensor | None = None  # the previous frame's 16 codes
-    past_hidden: torch.Tensor | None = None
 
 
 class TalkerExecutor(HoldsRequests):
@@ -174,7 +173,12 @@ class TalkerExecutor(HoldsRequests):
         self.reqs[request_id].thinker_done = True
 
     def has_work(self) -> bool:
-        return any(self._ready(r) for r in self.running().values())
+        """Some request is ready and has a cache row, or could take a free one."""
+        free = self.cache.in_use() < self.cache.rows
+        return any(
+            self._ready(r) and (r.row is not None or free or not r.tokens)
+            for r in self.running().values()
+        )
 
     def step(self) -> list[Emit]:
         """One frame for every request whose next text step is available."""

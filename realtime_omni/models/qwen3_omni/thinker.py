@@ -131,7 +131,10 @@ class ThinkerExecutor(HoldsRequests):
         pass
 
     def has_work(self) -> bool:
-        return bool(self.running())
+        """Some running request decodes or prefills; one waiting for a cache row while every
+        row is held makes no work (the loop must not spin on it)."""
+        free = self.cache.in_use() < self.cache.rows
+        return any(r.row is not None or free for r in self.running().values())
 
     def step(self) -> list[Emit]:
         """Decode one token of every running request together, then prefill new prompts."""
