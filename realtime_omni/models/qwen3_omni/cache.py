@@ -51,6 +51,22 @@ class SlotCache:
         self.lens = [0] * rows
         self._free = list(range(rows))
 
+    @classmethod
+    def for_text_model(
+        cls, config: Any, rows: int, dtype: torch.dtype, device: torch.device | str
+    ) -> SlotCache:
+        """A cache shaped for a transformers decoder with `config` (its text config)."""
+        head_dim = getattr(config, "head_dim", None)
+        return cls(
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            head_dim or config.hidden_size // config.num_attention_heads,
+            rows,
+            dtype,
+            device,
+            sdpa=config._attn_implementation == "sdpa",
+        )
+
     # ---- rows ------------------------------------------------------------------------------
 
     def alloc(self) -> int:

@@ -108,15 +108,8 @@ class TalkerExecutor(HoldsRequests):
         self.default_penalty = float(p.get("repetition_penalty", 1.05))
         tcfg = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tcfg.audio_token_id, tcfg.image_token_id, tcfg.video_token_id])
-        text = self.tc.text_config
-        self.cache = SlotCache(
-            text.num_hidden_layers,
-            text.num_key_value_heads,
-            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            ctx.max_batch,
-            dtype,
-            self.device,
-            sdpa=self.model.config._attn_implementation == "sdpa",
+        self.cache = SlotCache.for_text_model(
+            self.model.model.config, ctx.max_batch, dtype, self.device
         )
         self.max_batch = ctx.max_batch
         self.prefill_budget = ctx.max_prefill_tokens_per_step

@@ -83,15 +83,8 @@ class ThinkerExecutor(HoldsRequests):
         tc = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tc.audio_token_id, tc.image_token_id, tc.video_token_id])
         self.lm = self.model.model.language_model
-        text = self.lm.config
-        self.cache = SlotCache(
-            text.num_hidden_layers,
-            text.num_key_value_heads,
-            getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            ctx.max_batch,
-            self.embed.weight.dtype,
-            self.device,
-            sdpa=text._attn_implementation == "sdpa",
+        self.cache = SlotCache.for_text_model(
+            self.lm.config, ctx.max_batch, self.embed.weight.dtype, self.device
         )
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.reqs: dict[str, _Request] = {}
