@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -59,7 +61,7 @@ TARGETS = {  # DESIGN.md budgets
 # ---- server side (`--serve`) -----------------------------------------------------------
 
 
-def serve(config: str, port: int) -> None:
+def serve(config: str, port: int, stage_nice: int | None) -> None:
     import uvicorn
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
@@ -68,7 +70,12 @@ def serve(config: str, port: int) -> None:
     from realtime_omni.pipeline.config import load_config
 
     gw_cfg = GatewayConfig(max_sessions=32, ice_host_addresses=["127.0.0.1"])
-    app = create_app(load_config(config), gw_cfg)
+    cfg = load_config(config)
+    if stage_nice is not None:
+        cfg = cfg.model_copy(
+            update={"runtime": cfg.runtime.model_copy(update={"stage_nice": stage_nice})}
+        )
+    app = create_app(cfg, gw_cfg)
 
     async def raw(request: Request) -> Response:
         gw, calls = app.state.gateway, app.state.webrtc
@@ -193,8 +200,10 @@ async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dic
         await caller.hang_up()
 
 
-async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> None:
-    caller = Caller(url)
+async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> int:
+    """Talk, let the answer play a second, cancel it, again, until `until`: answers heard."""
+    caller = Caller(url, listen=False)  # late frames are counted on the server
+    answers = 0
     try:
         await caller.connect(limit_s=60)
         await set_turns(caller, True, tokens)
@@ -202,6 +211,7 @@ async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> 
             caller.mic.say(speech)
             try:
                 await caller.wait_for("output_audio_buffer.started", 30, since=time.monotonic())
+                answers += 1
                 await asyncio.sleep(1.0)
                 t_cancel = time.monotonic()
                 caller.send({"type": "response.cancel"})
@@ -210,20 +220,46 @@ async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> 
                 pass
     finally:
         await asyncio.wait_for(caller.hang_up(), HANG_UP_S)
+    return answers
 
 
-async def concurrent(url: str, speech: np.ndarray, n: int, seconds: float, tokens: int) -> float:
+def cpu_seconds(server_pid: int) -> dict[str, float]:
+    """CPU time so far of the callers (this process), the gateway (the server process) and the
+    stage processes (its children)."""
+
+    def used(p: psutil.Process) -> float:
+        t = p.cpu_times()
+        return t.user + t.system
+
+    server = psutil.Process(server_pid)
+    stages = 0.0
+    for child in server.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            stages += used(child)
+    return {"callers": used(psutil.Process()), "gateway": used(server), "stages": stages}
+
+
+async def concurrent(
+    url: str, speech: np.ndarray, n: int, seconds: float, tokens: int, server_pid: int
+) -> tuple[float, dict[str, float], int]:
+    """The late-frame ratio of n busy calls, each side's CPU over the window (cores), and the
+    answers the calls heard start (the work done: a starved model answers fewer turns)."""
     before = (await asyncio.to_thread(get, f"{url}/v1/stats"))["webrtc"]
+    cpu0, t0 = cpu_seconds(server_pid), time.monotonic()
     until = time.monotonic() + seconds
     calls = [busy_call(url, speech, until, tokens) for _ in range(n)]
     # One call failing must not tear down the others mid-call.
-    errors = [e for e in await asyncio.gather(*calls, return_exceptions=True) if e is not None]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [e for e in results if isinstance(e, BaseException)]
+    answers = sum(r for r in results if isinstance(r, int))
     for e in errors:
         print(f"  a call failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     await asyncio.sleep(0.5)
     after = (await asyncio.to_thread(get, f"{url}/v1/stats"))["webrtc"]
+    cpu1, wall = cpu_seconds(server_pid), time.monotonic() - t0
     frames = after["frames"] - before["frames"]
-    return (after["frames_late"] - before["frames_late"]) / max(1, frames)
+    cores = {k: round((cpu1[k] - cpu0[k]) / wall, 3) for k in cpu0}
+    return (after["frames_late"] - before["frames_late"]) / max(1, frames), cores, answers
 
 
 def free_port() -> int:
@@ -233,11 +269,17 @@ def free_port() -> int:
 
 
 def measure(
-    name: str, turns: int, seconds: float, sessions: list[int], speech: np.ndarray
+    name: str,
+    turns: int,
+    seconds: float,
+    sessions: list[int],
+    speech: np.ndarray,
+    stage_nice: int | None = None,
 ) -> dict[str, Any]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(CONFIGS[name]), "--port", str(port)],
+        [sys.executable, __file__, "--serve", str(CONFIGS[name]), "--port", str(port)]
+        + ([] if stage_nice is None else ["--stage-nice", str(stage_nice)]),
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -257,8 +299,13 @@ def measure(
         late = []
         for n in sessions:
             print(f"  {name}: {n} concurrent calls ...", file=sys.stderr, flush=True)
-            ratio = asyncio.run(concurrent(url, speech, n, seconds, tokens))
-            late.append({"n": n, "late_frame_ratio": round(ratio, 5)})
+            ratio, cores, answers = asyncio.run(
+                concurrent(url, speech, n, seconds, tokens, proc.pid)
+            )
+            late.append(
+                {"n": n, "late_frame_ratio": round(ratio, 5), "cpu_cores": cores,
+                 "answers": answers}
+            )  # fmt: skip
         return {
             "config": name,
             "token_to_audio_ms": pct(tta),
@@ -295,18 +342,19 @@ def main() -> None:
         "--sessions", default="1,4,16", help="concurrent calls, one level after another"
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--stage-nice", type=int, help="override the config's runtime.stage_nice")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.stage_nice)
         return
     sessions = [int(n) for n in args.sessions.split(",")]
     speech = speech_48k()
     runs = []
     for name in args.configs.split(","):
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
-        runs.append(measure(name, args.turns, args.seconds, sessions, speech))
+        runs.append(measure(name, args.turns, args.seconds, sessions, speech, args.stage_nice))
     rows = [
         ("token_to_audio_ms", "thinker token -> its audio leaving (raw)"),
         ("token_to_audio_over_compute_ms", "  the same minus talker+code2wav compute"),
@@ -324,6 +372,13 @@ def main() -> None:
             )
         late = ", ".join(f"{s['n']}: {100 * s['late_frame_ratio']:.2f}%" for s in r["sessions"])
         print(f"  late output frames (> 1 frame period after due), by concurrent calls: {late}")
+        for s in r["sessions"]:
+            c = s["cpu_cores"]
+            print(
+                f"  CPU with {s['n']} calls, in cores: callers {c['callers']:.2f}, gateway "
+                f"{c['gateway']:.2f} ({1e3 * c['gateway'] / s['n']:.0f} ms/s per call), "
+                f"stages {c['stages']:.2f}; {s['answers']} answers started"
+            )
     print(
         "\nserver-side figures are taken when a frame is handed to aiortc; the caller's "
         "include VAD silence (500 ms), Opus and its jitter buffer"

@@ -142,10 +142,16 @@ class Camera(MediaStreamTrack):
 
 
 class Caller:
-    """One call to the gateway at `base_url`; with `camera`, a video track too."""
+    """One call to the gateway at `base_url`; with `camera`, a video track too. With
+    `listen=False` the caller drops the audio it receives on arrival instead of decoding it
+    (a load generator: what the server sent is counted on the server)."""
 
     def __init__(
-        self, base_url: str, loopback: bool = True, camera: MediaStreamTrack | None = None
+        self,
+        base_url: str,
+        loopback: bool = True,
+        camera: MediaStreamTrack | None = None,
+        listen: bool = True,
     ) -> None:
         if loopback:
             use_host_addresses([LOOPBACK])
@@ -156,6 +162,7 @@ class Caller:
         self.frames: list[tuple[float, float]] = []  # (arrival monotonic s, peak |x|)
         self.session_id: str | None = None
         self.location: str | None = None
+        self.listen = listen
         self._got_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.channel = self.pc.createDataChannel(EVENTS_LABEL)
@@ -210,6 +217,12 @@ class Caller:
             reply = json.loads(body)
             self.session_id, answer = reply["session_id"], reply["sdp"]
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        if not self.listen:
+            for t in self.pc.getTransceivers():
+                if t.kind == "audio":
+                    # aiortc's own switch for a receiver that takes nothing: RTP is dropped
+                    # on arrival, before the jitter buffer and the Opus decoder thread.
+                    t.receiver._enabled = False
         deadline = time.monotonic() + limit_s
         while self.channel.readyState != "open":
             if time.monotonic() > deadline:

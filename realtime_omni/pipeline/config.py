@@ -124,6 +124,16 @@ class RuntimeConfig(_Strict):
         default=47100, ge=1024, le=65000, description="First TCP port when `hosts` are used."
     )
     bind_host: str = Field(default="127.0.0.1", description="This machine's address for TCP.")
+    stage_nice: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="Added to the niceness of every stage process this server starts. Where "
+        "the stages compute on the same CPU cores as the gateway's media (the tiny model on a "
+        "laptop), a positive value lets the calls' audio frames leave on time when the cores "
+        "are oversubscribed, at the cost of the model's speed under that load. On GPU stages, "
+        "which mostly wait for the device, it changes little.",
+    )
 
 
 class PipelineConfig(_Strict):

@@ -66,8 +66,12 @@ def test_latency_benchmark_smoke(tmp_path: Path) -> None:
 
     assert [s["n"] for s in data["sessions"]] == SESSIONS
     for s in data["sessions"]:
-        assert set(s) == {"n", "late_frame_ratio"}
+        assert set(s) == {"n", "late_frame_ratio", "cpu_cores", "answers"}
+        assert s["answers"] >= 0
         assert 0.0 <= s["late_frame_ratio"] <= 1.0, s
+        assert set(s["cpu_cores"]) == {"callers", "gateway", "stages"}
+        assert all(0 <= v <= 64 for v in s["cpu_cores"].values()), s
+        assert s["cpu_cores"]["gateway"] > 0 and s["cpu_cores"]["callers"] > 0, s
     assert data["sessions"] == run["sessions"]
 
     assert "simulated: measure" in stdout
