@@ -354,3 +354,17 @@ def test_segments_left_by_a_killed_server_are_cleaned_at_the_next_start(tmp_path
         run(body())
     finally:
         server.kill()
+
+
+def test_stage_processes_take_the_configured_niceness() -> None:
+    cfg = simulated_config(time_scale=0.1, stage_nice=7)
+    base = os.nice(0)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            procs = list(coord._procs.values())
+            assert len(procs) == 7
+            assert {psutil.Process(p.pid).nice() for p in procs} == {min(19, base + 7)}
+            check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
+
+    run(body())
