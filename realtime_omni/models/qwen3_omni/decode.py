@@ -42,7 +42,8 @@ class DecodeExecutor(HoldsRequests):
         self.reqs[request_id] = _Request(IncrementalDetokenizer(self._decode))
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
-        meta = {k: item[k] for k in ("token_id", "index", "token_time", "last") if k in item}
+        keys = ("token_id", "index", "token_time", "last", "prefill_tokens", "cached_tokens")
+        meta = {k: item[k] for k in keys if k in item}
         self.reqs[request_id].items.append(meta)
 
     def end_stream(self, request_id: str, src: str) -> None:
@@ -62,6 +63,9 @@ class DecodeExecutor(HoldsRequests):
                     text += r.detok.flush()
                     done = True
                 data = {"text": text, **{k: item[k] for k in ("token_id", "index", "token_time")}}
+                for k in ("prefill_tokens", "cached_tokens"):  # the first token's, if any
+                    if k in item:
+                        data[k] = item[k]
                 emits.append(Emit(rid, data))
             if done:
                 del self.reqs[rid]

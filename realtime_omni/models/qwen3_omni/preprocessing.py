@@ -6,7 +6,8 @@ Request payload (from the caller):
   `{type: image, image: NAME}`, where NAME is a top-level key of the payload holding the array:
   audio as 16 kHz mono float32 [n], an image as uint8 [H, W, 3];
 - optional sampling fields passed on unchanged: `temperature`, `top_p`, `top_k`, `seed`,
-  `max_tokens` (thinker), `speaker` and `talker_*` (talker).
+  `max_tokens` (thinker), `speaker` and `talker_*` (talker); `session_id` (thinker: the
+  conversation whose KV cache the turn may continue).
 
 Outputs (to the stages present downstream): thinker `input_ids`, `image_grid_thw`,
 `audio_lengths` and the thinker fields; audio_encoder `mel` [128, T] float32 (every audio's
@@ -25,7 +26,7 @@ from realtime_omni.models.qwen3_omni.weights import model_dir
 from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
 
 Payload = dict[str, Any]
-THINKER_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+THINKER_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "session_id")
 
 
 class PreprocessingExecutor:

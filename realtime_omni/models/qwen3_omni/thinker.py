@@ -21,11 +21,22 @@ tokens: a new turn delays the others' next token by one chunk's forward per step
 whole prompt. A request whose prefill ends in a step emits its first token in that step.
 Requests beyond `max_batch` wait for a row. Per-request state (row, positions, sampler) lives in
 `_Request`; the module's own `rope_deltas` is never read or written.
+
+Conversations (`session_id` in the request): when a turn of a session ends (finished or
+aborted), its cache row is kept with the inputs whose keys and values it holds (the prompt and
+the answer's tokens as they were generated). The session's next turn prefills only what follows
+the longest common prefix of those inputs and its own prompt, compared as input embeddings (so a
+replaced audio clip of the same length is not taken for the old one): a new user turn after the
+answer as generated, or, after a barge-in, after the answer cut where it was heard. Anything else
+(another history, a deleted item) shares a shorter prefix, down to none: a full prefill, with the
+same result. Kept sessions are bounded by `params.session_cache_tokens` (default 65,536) and by
+the cache rows, which running requests take first; the least recently used goes first.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,17 +62,35 @@ class _Request:
     deepstack: torch.Tensor | None
     sampler: Sampler
     max_tokens: int
+    session: str | None = None
     row: int | None = None  # its SlotCache row, from the start of its prefill to its end
     embeds: torch.Tensor | None = None  # [L, D] the prompt's input embeddings, while prefilling
     pos: torch.Tensor | None = None  # [4, 1, L] its positions, while prefilling
     prefilled: int = 0  # prompt tokens in the cache
+    cached: int = 0  # of those, taken over from the session's previous turn
     hidden: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per chunk
     next_pos: torch.Tensor | None = None  # [4, 1, 1]: position of the next input token
     tokens: list[int] = field(default_factory=list)
+    prompt: _Kept | None = None  # the prompt's rows once prefilled (for a session to keep)
 
     @property
     def decoding(self) -> bool:
         return self.next_pos is not None
+
+
+@dataclass
+class _Kept:
+    """Inputs whose keys and values fill a cache row, per position: the input embedding, the
+    first hidden state and the `accept_hidden_layer` output (zeros for answer tokens, which the
+    talker's prompt never reads)."""
+
+    embeds: torch.Tensor  # [n, D]
+    hs0: torch.Tensor | None  # [n, D], with speech
+    hidden: torch.Tensor | None  # [n, D], with speech
+    row: int = -1
+
+    def __len__(self) -> int:
+        return int(self.embeds.shape[0])
 
 
 class ThinkerExecutor(HoldsRequests):
@@ -87,6 +116,8 @@ class ThinkerExecutor(HoldsRequests):
             self.lm.config, ctx.max_batch, self.embed.weight.dtype, self.device
         )
         self.prefill_budget = ctx.max_prefill_tokens_per_step
+        self.session_cache_tokens = int(p.get("session_cache_tokens", 65536))
+        self.sessions: OrderedDict[str, _Kept] = OrderedDict()  # least recently used first
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -115,6 +146,7 @@ class ThinkerExecutor(HoldsRequests):
             deepstack=tensor("deepstack"),
             sampler=sampler,
             max_tokens=int(merged.get("max_tokens", self.default_max_tokens)),
+            session=str(merged["session_id"]) if merged.get("session_id") else None,
         )
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
@@ -126,7 +158,7 @@ class ThinkerExecutor(HoldsRequests):
     def has_work(self) -> bool:
         """Some running request decodes or prefills; one waiting for a cache row while every
         row is held makes no work (the loop must not spin on it)."""
-        free = self.cache.in_use() < self.cache.rows
+        free = self.cache.in_use() - len(self.sessions) < self.cache.rows
         return any(r.row is not None or free for r in self.running().values())
 
     def step(self) -> list[Emit]:
@@ -138,6 +170,9 @@ class ThinkerExecutor(HoldsRequests):
         for rid, r in list(running.items()):
             if r.decoding or rid not in self.reqs:
                 continue
+            full = self.cache.in_use() >= self.cache.rows
+            if r.row is None and full and self.sessions and r.session not in self.sessions:
+                self._evict(next(iter(self.sessions)))  # a kept session yields its row
             if budget <= 0 or (r.row is None and self.cache.in_use() >= self.cache.rows):
                 break  # first come, first served: later prompts wait their turn
             if r.row is None:
@@ -149,15 +184,38 @@ class ThinkerExecutor(HoldsRequests):
         return emits
 
     def abort(self, request_id: str) -> None:
+        """Drop the request; a session's turn leaves its cache row for the next turn."""
         r = self.reqs.pop(request_id, None)
-        if r is not None and r.row is not None:
+        if r is None or r.row is None:
+            return
+        if r.session is None or r.prompt is None:
             self.cache.free(r.row)
+            return
+        fed = r.tokens[:-1]  # the last token made was never fed back: it has no keys yet
+        gen = self.embed(torch.tensor(fed, dtype=torch.long, device=self.device))
+        zeros = None if r.prompt.hidden is None else gen.new_zeros(gen.shape)
+        kept = _Kept(
+            torch.cat([r.prompt.embeds, gen]),
+            None if r.prompt.hs0 is None else torch.cat([r.prompt.hs0, gen]),
+            None
+            if r.prompt.hidden is None or zeros is None
+            else torch.cat([r.prompt.hidden, zeros]),
+            r.row,
+        )
+        if r.session in self.sessions:  # an older turn of it, still kept
+            self._evict(r.session)
+        self.sessions[r.session] = kept
+        while self.sessions and sum(map(len, self.sessions.values())) > self.session_cache_tokens:
+            self._evict(next(iter(self.sessions)))
+
+    def _evict(self, session: str) -> None:
+        self.cache.free(self.sessions.pop(session).row)
 
     # ---- model calls ---------------------------------------------------------------------
 
     def _start_prefill(self, r: _Request) -> None:
-        """Take a cache row and merge the prompt's embeddings, as the thinker's forward does."""
-        r.row = self.cache.alloc()
+        """Merge the prompt's embeddings, as the thinker's forward does, and take a cache row:
+        the session's kept one when it shares a prefix with this prompt."""
         ids = r.ids.view(1, -1)
         embeds = self.embed(ids)
         tc = self.cfg.thinker_config
@@ -169,6 +227,20 @@ class ThinkerExecutor(HoldsRequests):
             embeds = embeds.masked_scatter(mask, r.image_embeds.to(embeds.dtype))
         r.embeds = embeds[0]
         r.pos = mrope_positions(self.model, r.ids, r.grid, r.audio_lengths, always=True)
+        kept = self.sessions.pop(r.session, None) if r.session else None
+        if kept is not None:
+            n = min(len(kept), r.embeds.shape[0] - 1)  # at least one token left for logits
+            same = (kept.embeds[:n] == r.embeds[:n]).all(-1)
+            shared = n if bool(same.all()) else int(same.int().argmin())
+            if shared:
+                r.row, r.prefilled, r.cached = kept.row, shared, shared
+                self.cache.lens[kept.row] = shared
+                if kept.hs0 is not None and kept.hidden is not None:
+                    r.hidden.append((kept.hs0[:shared], kept.hidden[:shared]))
+            else:
+                self.cache.free(kept.row)
+        if r.row is None:
+            r.row = self.cache.alloc()
 
     def _prefill_chunk(self, rid: str, r: _Request, n: int) -> list[Emit]:
         assert r.embeds is not None and r.pos is not None and r.row is not None
@@ -198,10 +270,13 @@ class ThinkerExecutor(HoldsRequests):
         if b < r.embeds.shape[0]:
             return []
         rows = None
+        hs0 = hidden = None
         if self.speech:
-            embeds = torch.cat([h[0] for h in r.hidden])
+            hs0 = torch.cat([h[0] for h in r.hidden])
             hidden = torch.cat([h[1] for h in r.hidden])
-            rows = self._prompt_rows(r.ids, embeds, hidden)
+            rows = self._prompt_rows(r.ids, hs0, hidden)
+        if r.session is not None:
+            r.prompt = _Kept(r.embeds, hs0, hidden)
         r.next_pos = r.pos[..., -1:] + 1
         r.embeds = r.pos = None
         r.hidden = []
@@ -250,6 +325,9 @@ class ThinkerExecutor(HoldsRequests):
         last = tok in self.stop_ids or len(r.tokens) >= r.max_tokens
         meta = {"token_id": tok, "index": len(r.tokens) - 1, "token_time": time.monotonic()}
         meta["last"] = last
+        if len(r.tokens) == 1:  # what the prompt cost: tokens prefilled, and taken from a kept turn
+            meta["prefill_tokens"] = int(r.ids.shape[0]) - r.cached
+            meta["cached_tokens"] = r.cached
         emits = [Emit(rid, dict(meta), to=self.text_to)]
         if self.speech:
             speech: Payload = {**meta, "embed": self.embed.weight[tok]}  # weights: never written

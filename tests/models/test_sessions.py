@@ -1,0 +1,77 @@
+"""A conversation's turns continue the thinker's kept KV cache, with the result of a full
+prefill: after an answer as generated, after an answer cut by a barge-in, after eviction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.models.conftest import tiny_config
+from tests.models.inproc import InProcess
+from tests.models.reference import SYSTEM, chirp
+
+pytestmark = pytest.mark.slow
+GREEDY = {"temperature": 0, "talker_temperature": 0, "max_tokens": 6, "talker_max_tokens": 12}
+
+
+def pipeline(**thinker: Any) -> InProcess:
+    return InProcess(tiny_config(thinker=thinker))
+
+
+def turn(p: InProcess, rid: str, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    p.submit(rid, {"messages": messages, "audio0": chirp(), **GREEDY, **extra})
+    p.run()
+    out = p.outputs[rid]
+    return {
+        "ids": [o["token_id"] for o in out["decode"]],
+        "text": "".join(o["text"] for o in out["decode"]),
+        "codes": np.concatenate([o["codes"] for o in out["code2wav"]]),
+        "cached": out["decode"][0]["cached_tokens"],
+        "prefilled": out["decode"][0]["prefill_tokens"],
+    }
+
+
+def user(text: str, audio: bool = False) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "audio", "audio": "audio0"}] if audio else []
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def test_turns_continue_the_kept_cache_with_the_same_result(tiny_dir: Path) -> None:
+    kept, fresh, evicting = pipeline(), pipeline(), pipeline(session_cache_tokens=1)
+    history = [SYSTEM, user("Listen to this.", audio=True)]
+    previous = 0  # the tokens the previous turn's prompt and answer put in the cache
+    for i in range(3):
+        got = turn(kept, f"k{i}", history, session_id="s")
+        ref = turn(fresh, f"f{i}", history)  # no session: a full prefill
+        ev = turn(evicting, f"e{i}", history, session_id="s")
+        assert got["ids"] == ref["ids"] == ev["ids"] and got["ids"]
+        np.testing.assert_array_equal(got["codes"], ref["codes"])
+        np.testing.assert_array_equal(ev["codes"], ref["codes"])
+        assert ref["cached"] == 0 and ev["cached"] == 0
+        if i == 0:
+            assert got["cached"] == 0
+        else:  # everything up to the previous answer came from the cache
+            assert got["cached"] >= previous and got["prefilled"] < ref["prefilled"] / 2
+        previous = got["cached"] + got["prefilled"]
+        history = [*history, {"role": "assistant", "content": got["text"]}, user(f"And {i}?")]
+
+
+def test_a_turn_after_a_barge_in_continues_from_what_was_heard(tiny_dir: Path) -> None:
+    kept, fresh = pipeline(), pipeline()
+    history = [SYSTEM, user("Tell me a story.", audio=True)]
+    kept.submit("a", {"messages": history, "audio0": chirp(), **GREEDY, "max_tokens": 40,
+                      "session_id": "s"})  # fmt: skip
+    while len(kept.outputs["a"]["decode"]) < 4:
+        kept.step()
+    heard = "".join(o["text"] for o in kept.outputs["a"]["decode"][:2])
+    kept.abort("a")  # the person talked over it after two tokens
+    history = [*history, {"role": "assistant", "content": heard}, user("Wait, stop.")]
+    got = turn(kept, "b", history, session_id="s")
+    ref = turn(fresh, "b", history)
+    assert got["ids"] == ref["ids"]
+    np.testing.assert_array_equal(got["codes"], ref["codes"])
+    assert got["cached"] > 0 and got["prefilled"] < ref["prefilled"]
+    assert kept.stages["thinker"].executor.cache.in_use() == 1  # type: ignore[attr-defined]
