@@ -314,6 +314,7 @@ class Session:
             temperature=overrides.get("temperature", s.temperature),
             max_tokens=overrides.get("max_output_tokens", s.max_output_tokens),
             speaker=overrides.get("voice", s.voice),
+            session_id=self.id,  # the stages may keep this conversation's state between turns
         )
         item = Item(new_id("item"), "assistant", status="in_progress")
         resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)

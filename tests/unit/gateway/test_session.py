@@ -143,6 +143,8 @@ def test_second_turn_carries_the_conversation_so_far() -> None:
         assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
         assert msgs[1]["content"] == "w1 "
         assert msgs[2]["content"] == [{"type": "text", "text": "and now?"}]
+        # Every turn names its conversation, so the stages can continue its kept state.
+        assert coord.payloads[0]["session_id"] == coord.payloads[1]["session_id"] == s.id
         await s.close()
 
     run(body())
