@@ -6,8 +6,8 @@ Request payload (from the caller):
   `{type: image, image: NAME}`, where NAME is a top-level key of the payload holding the array:
   audio as 16 kHz mono float32 [n], an image as uint8 [H, W, 3];
 - optional sampling fields passed on unchanged: `temperature`, `top_p`, `top_k`, `seed`,
-  `max_tokens` (thinker), `speaker` and `talker_*` (talker); `session_id` (thinker: the
-  conversation whose KV cache the turn may continue).
+  `max_tokens` (thinker), `speaker` and `talker_*` (talker); `session_id` (thinker and
+  talker: the conversation whose KV caches the turn may continue).
 
 Outputs (to the stages present downstream): thinker `input_ids`, `image_grid_thw`,
 `audio_lengths` and the thinker fields; audio_encoder `mel` [128, T] float32 (every audio's
@@ -86,7 +86,11 @@ class PreprocessingExecutor:
         thinker = {**shared, **{k: payload[k] for k in THINKER_FIELDS if k in payload}}
         talker = dict(shared)
         talker.update(
-            {k: v for k, v in payload.items() if k == "speaker" or k.startswith("talker_")}
+            {
+                k: v
+                for k, v in payload.items()
+                if k in ("speaker", "session_id") or k.startswith("talker_")
+            }
         )
         return {
             "thinker": thinker,

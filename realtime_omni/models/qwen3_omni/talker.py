@@ -23,11 +23,17 @@ one talker forward serves every other ready row, and the code predictor's 15 ste
 the whole batch (its inner loop has the same length for everyone, so a plain cache of the
 batch's width fits). Sampling stays per request with its own generators; the codes of the batch
 are read back to the host once per step, not once per code.
+
+Conversations (`session_id`): a session's turn leaves its cache row and its prompt's input
+rows behind when it ends, as in the thinker. The talker's prompt is the conversation's user
+turns and an assistant head (its earlier speech is not in it), so the next turn continues the
+row after the longest common prefix of the two prompts' input rows, the earlier user turns, and
+prefills the rest; bounded by `params.session_cache_tokens` (default 65,536) and by the rows.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +78,9 @@ class _Request:
     spoken: int = 0  # thinker tokens consumed (= talker steps taken)
     thinker_done: bool = False
     last_time: float = 0.0
+    session: str | None = None
     row: int | None = None  # its SlotCache row, once its prompt is prefilled
+    prompt: torch.Tensor | None = None  # [L, D] its prompt's input rows (for a session to keep)
     next_pos: torch.Tensor | None = None
     code0s: list[int] = field(default_factory=list)
     frame: torch.Tensor | None = None  # the previous frame's 16 codes
@@ -113,6 +121,8 @@ class TalkerExecutor(HoldsRequests):
         )
         self.max_batch = ctx.max_batch
         self.prefill_budget = ctx.max_prefill_tokens_per_step
+        self.session_cache_tokens = int(p.get("session_cache_tokens", 65536))
+        self.sessions: OrderedDict[str, tuple[int, torch.Tensor]] = OrderedDict()  # row, rows
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -150,6 +160,7 @@ class TalkerExecutor(HoldsRequests):
             residual_sampler=residual,
             repetition_penalty=float(merged.get("talker_repetition_penalty", self.default_penalty)),
             max_steps=int(merged.get("talker_max_tokens", self.default_max_steps)),
+            session=str(merged["session_id"]) if merged.get("session_id") else None,
         )
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
@@ -167,7 +178,7 @@ class TalkerExecutor(HoldsRequests):
 
     def has_work(self) -> bool:
         """Some request is ready and has a cache row, or could take a free one."""
-        free = self.cache.in_use() < self.cache.rows
+        free = self.cache.in_use() - len(self.sessions) < self.cache.rows
         return any(
             self._ready(r) and (r.row is not None or free or not r.tokens)
             for r in self.running().values()
@@ -185,15 +196,15 @@ class TalkerExecutor(HoldsRequests):
             if not r.tokens and r.spoken == 0:  # the thinker ended before its first token
                 self.abort(rid)
                 emits.append(Emit(rid, done=True))
-            elif r.row is None and budget > 0 and self.cache.in_use() < self.cache.rows:
+            elif r.row is None and budget > 0 and self._row_for(r):
                 tok = r.tokens.popleft()
                 if tok.last:  # a one-token answer: its end-of-text row comes next, as always
                     r.tokens.appendleft(tok)
                 embeds, pos = self._prefill_inputs(r, tok)
-                budget -= embeds.shape[1]
-                r.row = self.cache.alloc()
-                window = self.cache.prefill(r.row, embeds.shape[1])
-                out = self._talker(r, embeds, pos, window)
+                shared = self._continue_session(r, embeds[0])
+                budget -= embeds.shape[1] - shared
+                window = self.cache.prefill(r.row, embeds.shape[1] - shared)  # type: ignore[arg-type]
+                out = self._talker(r, embeds[:, shared:], pos[..., shared:], window)
                 picked.append((rid, out.logits[0, -1], tok.token_time))
                 hidden.append(out.hidden_states[0][-1][:, -1:])
         decoding = [rid for rid in ready if rid in self.reqs and self.reqs[rid].row is not None]
@@ -222,9 +233,53 @@ class TalkerExecutor(HoldsRequests):
         return emits
 
     def abort(self, request_id: str) -> None:
+        """Drop the request; a session's turn leaves its cache row for the next turn."""
         r = self.reqs.pop(request_id, None)
-        if r is not None and r.row is not None:
+        if r is None or r.row is None:
+            return
+        if r.session is None or r.prompt is None:
             self.cache.free(r.row)
+            return
+        if r.session in self.sessions:  # an older turn of it, still kept
+            self._evict(r.session)
+        self.sessions[r.session] = (r.row, r.prompt)
+        while self.sessions and sum(len(p) for _, p in self.sessions.values()) > (
+            self.session_cache_tokens
+        ):
+            self._evict(next(iter(self.sessions)))
+
+    def _evict(self, session: str) -> None:
+        self.cache.free(self.sessions.pop(session)[0])
+
+    def _row_for(self, r: _Request) -> bool:
+        """Whether `r` can have a cache row now (a kept session yields one if need be)."""
+        if r.session in self.sessions or self.cache.in_use() < self.cache.rows:
+            return True
+        if self.sessions:
+            self._evict(next(iter(self.sessions)))
+            return True
+        return False
+
+    def _continue_session(self, r: _Request, prompt: torch.Tensor) -> int:
+        """Give `r` a cache row: its session's kept one, holding the longest common prefix of
+        the two prompts' input rows (at least one row is left to compute), or a fresh one."""
+        kept = self.sessions.pop(r.session, None) if r.session else None
+        shared = 0
+        if kept is not None:
+            row, old = kept
+            n = min(len(old), len(prompt) - 1)
+            same = (old[:n] == prompt[:n]).all(-1)
+            shared = n if bool(same.all()) else int(same.int().argmin())
+            if shared:
+                r.row = row
+                self.cache.lens[row] = shared
+            else:
+                self.cache.free(row)
+        if r.row is None:
+            r.row = self.cache.alloc()
+        if r.session is not None:
+            r.prompt = prompt
+        return shared
 
     # ---- model calls ---------------------------------------------------------------------
 
@@ -319,6 +374,7 @@ class TalkerExecutor(HoldsRequests):
             cache=window,
             use_cache=True,
             output_hidden_states=True,
+            generation_step=0,  # read only when a single row comes (a continued session)
         )
         window.commit()
         r.next_pos = pos[..., -1:] + 1
