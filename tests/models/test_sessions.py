@@ -53,7 +53,7 @@ def test_turns_continue_the_kept_cache_with_the_same_result(tiny_dir: Path) -> N
         assert ref["cached"] == 0 and ev["cached"] == 0
         talker = kept.stages["talker_ar"].executor
         if i == 0:
-            assert got["cached"] == 0 and not talker.sessions  # type: ignore[attr-defined]
+            assert got["cached"] == 0
         else:  # everything up to the previous answer came from the cache
             assert got["cached"] >= previous and got["prefilled"] < ref["prefilled"] / 2
         previous = got["cached"] + got["prefilled"]
