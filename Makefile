@@ -29,6 +29,7 @@ bench: install
 	$(BIN)/python benchmarks/transport.py
 	$(BIN)/python benchmarks/first_audio.py
 	$(BIN)/python benchmarks/concurrency.py
+	$(BIN)/python benchmarks/conversation.py
 	$(BIN)/python benchmarks/gc_pause.py
 	$(BIN)/python benchmarks/abort.py
 

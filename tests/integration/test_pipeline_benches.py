@@ -84,3 +84,22 @@ def test_concurrency_benchmark_smoke(tmp_path: Path) -> None:
         assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p99"]
     assert rows[(True, 4)]["frames_per_s"] > rows[(False, 4)]["frames_per_s"]
     assert "batched / max_batch 1 frames/s" in stdout
+
+
+@pytest.mark.slow
+def test_conversation_benchmark_smoke(tmp_path: Path) -> None:
+    """Three turns of the tiny model: with kept caches the later turns prefill less than the
+    whole history, without them they prefill it all."""
+    args = ("--turns", "3", "--max-tokens", "4", "--json", str(tmp_path / "conv.json"))
+    data, stdout = bench("conversation.py", *args, limit_s=240)
+    rows = {(r["kept"], r["turn"]): r for r in data["rows"]}
+    assert set(rows) == {(k, t) for k in (True, False) for t in (1, 2, 3)}
+    for (kept, turn), r in rows.items():
+        whole = rows[(False, turn)]["prefill_tokens"]
+        if kept and turn > 1:
+            assert r["cached_tokens"] > 0 and r["prefill_tokens"] < whole
+            assert r["cached_tokens"] + r["prefill_tokens"] == whole
+        else:
+            assert r["cached_tokens"] == 0
+        assert r["first_audio_ms"] > 0
+    assert "turn 3 / turn 1 first audio" in stdout
