@@ -8,6 +8,7 @@ features come from `WhisperFeatureExtractor` (numpy only). Video input is not su
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,23 @@ def load_processor(d: Path) -> Any:
             return super().check_argument_for_proper_class(argument_name, argument)
 
     tokenizer = AutoTokenizer.from_pretrained(d)
-    template = d / "chat_template.jinja"
     return _NoVideoProcessor(
         image_processor=Qwen2VLImageProcessorPil.from_pretrained(d),
         video_processor=None,
         feature_extractor=WhisperFeatureExtractor.from_pretrained(d),
         tokenizer=tokenizer,
-        chat_template=template.read_text() if template.is_file() else tokenizer.chat_template,
+        chat_template=chat_template(d) or tokenizer.chat_template,
     )
+
+
+def chat_template(d: Path) -> str | None:
+    """The chat template a checkpoint ships: `chat_template.jinja`, else the `chat_template`
+    of `chat_template.json` (the published Qwen3-Omni checkpoints ship that one), else None
+    (the tokenizer's own then)."""
+    jinja, js = d / "chat_template.jinja", d / "chat_template.json"
+    if jinja.is_file():
+        return jinja.read_text()
+    if js.is_file():
+        value = json.loads(js.read_text()).get("chat_template")
+        return str(value) if value else None
+    return None

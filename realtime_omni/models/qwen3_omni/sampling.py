@@ -3,10 +3,37 @@ the request's own seeded generator (two requests never share random state)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+
+
+def checkpoint_defaults(d: Path) -> dict[str, Any]:
+    """What the checkpoint's `generation_config.json` says of sampling, as `generate` reads it:
+    the thinker's `temperature`, `top_p`, `top_k` (greedy unless `do_sample`) and
+    `eos_token_ids`; the talker's `talker_*` fields where the file has them. Empty without one."""
+    path = d / "generation_config.json"
+    if not path.is_file():
+        return {}
+    gc = json.loads(path.read_text())
+    out: dict[str, Any] = {}
+    if "do_sample" in gc:
+        if gc["do_sample"]:
+            out["temperature"] = float(gc.get("temperature", 1.0))
+            out["top_p"] = float(gc.get("top_p", 1.0))
+            out["top_k"] = int(gc.get("top_k", 50))
+        else:
+            out["temperature"] = 0.0
+    eos = gc.get("eos_token_id")
+    if eos is not None:
+        out["eos_token_ids"] = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    for key in ("temperature", "top_p", "top_k", "repetition_penalty"):
+        if f"talker_{key}" in gc:
+            out[f"talker_{key}"] = gc[f"talker_{key}"]
+    return out
 
 
 @dataclass

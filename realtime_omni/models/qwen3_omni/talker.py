@@ -42,7 +42,7 @@ from transformers import DynamicCache
 
 from realtime_omni.models.qwen3_omni.cache import SlotCache
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
-from realtime_omni.models.qwen3_omni.sampling import Sampler, pick_batch
+from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import (
     model_dtype,
     nonempty,
@@ -108,12 +108,19 @@ class TalkerExecutor(HoldsRequests):
         p = ctx.params
         self.default_speaker = str(p.get("speaker", "ethan"))
         self.default_max_steps = int(p.get("max_frames", 4096))
+        # Defaults: the stage's params, else the checkpoint's generation_config, else generate's.
+        ckpt = checkpoint_defaults(d)
+        generate = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
+
+        def default(key: str) -> Any:
+            return p.get(key, ckpt.get(f"talker_{key}", generate[key]))
+
         self.default_sampling = {
-            "temperature": float(p.get("temperature", 0.9)),
-            "top_k": int(p.get("top_k", 50)),
-            "top_p": float(p.get("top_p", 1.0)),
+            "temperature": float(default("temperature")),
+            "top_k": int(default("top_k")),
+            "top_p": float(default("top_p")),
         }
-        self.default_penalty = float(p.get("repetition_penalty", 1.05))
+        self.default_penalty = float(default("repetition_penalty"))
         tcfg = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tcfg.audio_token_id, tcfg.image_token_id, tcfg.video_token_id])
         self.cache = SlotCache.for_text_model(

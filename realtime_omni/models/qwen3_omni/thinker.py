@@ -44,7 +44,7 @@ import torch
 
 from realtime_omni.models.qwen3_omni.cache import SlotCache
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
-from realtime_omni.models.qwen3_omni.sampling import Sampler, pick_batch
+from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
 from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
@@ -106,7 +106,14 @@ class ThinkerExecutor(HoldsRequests):
         self.text_to = p.get("text_to", "decode")
         self.speech_to = p.get("speech_to", "talker_ar")
         self.speech = self.speech_to in ctx.downstream
-        self.stop_ids = set(p.get("stop_token_ids") or [self.cfg.im_end_token_id])
+        # Defaults: the stage's params, else the checkpoint's generation_config (greedy and
+        # <|im_end|> where it says nothing); a request's own fields come first.
+        ckpt = checkpoint_defaults(d)
+        eos = [self.cfg.im_end_token_id, *ckpt.get("eos_token_ids", [])]
+        self.stop_ids = set(p.get("stop_token_ids") or eos)
+        self.default_sampling = {
+            k: p.get(k, ckpt.get(k, getattr(Sampler, k))) for k in ("temperature", "top_p", "top_k")
+        }
         self.default_max_tokens = int(p.get("max_tokens", 256))
         self.accept_layer = self.cfg.talker_config.accept_hidden_layer
         tc = self.cfg.thinker_config
@@ -134,7 +141,7 @@ class ThinkerExecutor(HoldsRequests):
             return to_torch(a, self.device) if nonempty(a) else None
 
         try:
-            sampler = Sampler.from_meta(merged)
+            sampler = Sampler.from_meta(merged, **self.default_sampling)
         except ValueError as e:
             raise ExecutorError(request_id, f"thinker: {e}") from None
         self.reqs[request_id] = _Request(
