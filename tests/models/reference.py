@@ -60,8 +60,11 @@ def load_full(d: Path) -> tuple[Any, Any]:
     return model, load_processor(d)
 
 
-def generate(d: Path, payload: dict[str, Any], max_tokens: int, max_frames: int) -> dict:
-    """Greedy serial generate: text ids, codes [n, 16] and the waveform."""
+def generate(
+    d: Path, payload: dict[str, Any], max_tokens: int, max_frames: int, eos: int | None = None
+) -> dict:
+    """Greedy serial generate: text ids, codes [n, 16] and the waveform; the thinker stops at
+    `eos` (default `<|im_end|>`)."""
     import torch
 
     model, proc = load_full(d)
@@ -91,7 +94,7 @@ def generate(d: Path, payload: dict[str, Any], max_tokens: int, max_frames: int)
             speaker="Ethan",
             return_audio=True,
             thinker_max_new_tokens=max_tokens,
-            thinker_eos_token_id=model.config.im_end_token_id,
+            thinker_eos_token_id=model.config.im_end_token_id if eos is None else eos,
             thinker_do_sample=False,
             talker_max_new_tokens=max_frames,
             talker_do_sample=False,

@@ -128,3 +128,23 @@ def test_a_one_token_answer_gives_the_talker_its_end_of_text(tiny_dir: Path) -> 
     assert len(queued) == 1 and queued[0].last  # the next text entry is tts_eos
     p.run()
     assert len(result(p, "one")["text_ids"]) == 1
+
+
+@pytest.mark.slow
+def test_an_answer_that_ends_on_the_stop_token_matches_generate(tiny_dir: Path) -> None:
+    """Random weights never write <|im_end|>: make the 5th token of a greedy answer the stop
+    token, and the batched stages must end there as generate does, text and speech alike."""
+    payload = {**conversation("audio"), **GREEDY}
+    ids = alone({"probe": payload})["probe"]["text_ids"]
+    k = next(i for i in range(4, len(ids)) if ids[i] not in ids[:i])
+    cfg = tiny_config(thinker={"stop_token_ids": [ids[k]]})
+    for stage in cfg["stages"].values():
+        stage["max_batch"] = 8
+    p = InProcess(cfg)
+    p.submit("stop", payload)
+    p.submit("other", {**conversation("text"), **GREEDY})  # batched beside it
+    p.run()
+    got = result(p, "stop")
+    gen = generate(tiny_dir, payload, GREEDY["max_tokens"], 24, eos=ids[k])
+    assert got["text_ids"] == gen["text_ids"] == ids[: k + 1]
+    np.testing.assert_array_equal(got["codes"], gen["codes"])
