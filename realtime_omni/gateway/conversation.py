@@ -118,6 +118,29 @@ class Conversation:
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
 
+    def array_bytes(self) -> int:
+        return sum(
+            (p.audio.nbytes if p.audio is not None else 0)
+            + (p.image.nbytes if p.image is not None else 0)
+            for it in self.items
+            for p in it.parts
+        )
+
+    def fit(self, max_bytes: int, retention_ratio: float = 1.0) -> list[str]:
+        """The truncation rule: when the conversation's audio and images exceed `max_bytes`
+        (what one turn's payload may carry), delete whole items oldest first until they take at
+        most `retention_ratio` x `max_bytes`; the ids deleted, oldest first. The newest item is
+        never deleted (a turn of it alone that is too large fails its response). A ratio below 1
+        drops more at once, so the kept history stays one prefix for several turns and the
+        stages' kept caches keep serving it."""
+        if self.array_bytes() <= max_bytes:
+            return []
+        budget = retention_ratio * max_bytes
+        gone = []
+        while len(self.items) > 1 and self.array_bytes() > budget:
+            gone.append(self.items.pop(0).id)
+        return gone
+
     def payload(
         self,
         instructions: str = "",

@@ -106,6 +106,14 @@ class Settings:
     input_format: AudioFormat = PCM16
     output_format: AudioFormat = PCM16
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    # "auto", "disabled", or a retention ratio in (0, 1]: what happens when the conversation's
+    # audio and images outgrow one turn's payload (`Conversation.fit`).
+    truncation: str | float = "auto"
+
+    def truncation_openai(self) -> Any:
+        if isinstance(self.truncation, str):
+            return self.truncation
+        return {"type": "retention_ratio", "retention_ratio": self.truncation}
 
     def to_openai(self, session_id: str, beta: bool = False) -> dict[str, Any]:
         td = self.turn_detection.to_openai() if self.turn_detection else None
@@ -136,7 +144,21 @@ class Settings:
                 "output": {"format": self.output_format.ga(), "voice": self.voice},
             },
             "max_output_tokens": max_tokens,
+            "truncation": self.truncation_openai(),
         }
+
+
+def parse_truncation(v: Any) -> str | float:
+    """GA `truncation`: "auto", "disabled" or `{type: retention_ratio, retention_ratio}`."""
+    if v in ("auto", "disabled"):
+        return str(v)
+    if isinstance(v, dict) and v.get("type") == "retention_ratio":
+        return _number(v.get("retention_ratio"), "truncation.retention_ratio", 0.01, 1.0)
+    raise ProtocolError(
+        f"truncation = {v!r}: use 'auto', 'disabled' or "
+        "{'type': 'retention_ratio', 'retention_ratio': 0.8}",
+        param="session.truncation",
+    )
 
 
 def _number(v: Any, param: str, lo: float, hi: float) -> float:
@@ -196,6 +218,8 @@ def apply_session_update(s: Settings, session: Any) -> Settings:
         changes["output_format"] = parse_format(
             session["output_audio_format"], "output_audio_format"
         )
+    if "truncation" in session:
+        changes["truncation"] = parse_truncation(session["truncation"])
     td = s.turn_detection
     if "turn_detection" in session:
         changes["turn_detection"] = parse_turn_detection(session["turn_detection"], td)

@@ -264,7 +264,10 @@ class Session:
         self._turn_item_id = None
         self._commit_audio(pcm, item_id)
         if td.create_response and self._response is None:
-            self._start_response({}, time.monotonic())
+            try:
+                self._start_response({}, time.monotonic())
+            except ProtocolError as e:  # no client event to answer: tell it all the same
+                self._events.put_nowait(_error(e))
 
     def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
         item = Item(item_id, "user", [Part("audio", audio=pcm)])
@@ -297,6 +300,27 @@ class Session:
 
     # ---- responses ---------------------------------------------------------------------
 
+    def _truncate(self, truncation: str | float) -> None:
+        """Make the conversation fit one turn's payload by its stated rule, telling the client
+        of every item it deletes; with truncation disabled, refuse the response instead."""
+        if self.max_payload_bytes is None:
+            return
+        room = self.max_payload_bytes - (self._video.nbytes if self._video is not None else 0)
+        if truncation == "disabled":
+            if self.conversation.array_bytes() > room:
+                raise ProtocolError(
+                    f"the conversation's audio and images ({self.conversation.array_bytes()} "
+                    f"bytes) exceed what one turn carries ({room} bytes) and truncation is "
+                    "disabled. Fix: delete old items, or set truncation to 'auto'",
+                    code="context_length_exceeded",
+                    param="session.truncation",
+                )
+            return
+        ratio = 1.0 if truncation == "auto" else float(truncation)
+        for item_id in self.conversation.fit(room, ratio):
+            self._item_response.pop(item_id, None)
+            self._emit("conversation.item.deleted", item_id=item_id)
+
     def _start_response(self, overrides: dict[str, Any], turn_end: float) -> _Response:
         if self._response is not None:
             raise ProtocolError(
@@ -304,6 +328,7 @@ class Session:
                 code="conversation_already_has_active_response",
             )
         s = self.settings
+        self._truncate(s.truncation)
         want = self._fixed_rate or s.output_format.rate_hz
         if want != self.playout.rate_hz and self.playout.queued == 0:
             self.playout = Playout(want)

@@ -385,3 +385,19 @@ def test_errors_in_a_file_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(info.value).startswith(f"{path}: entry = 'x'")
+
+
+@pytest.mark.parametrize("name", ["qwen3-omni-1gpu.yaml", "qwen3-omni-2gpu.yaml"])
+def test_gpu_configs_fit_the_longest_audio_a_turn_carries(name: str) -> None:
+    """A turn carries at most the gateway's entry payload of float32 16 kHz audio; its mel
+    (128 bins, 100 frames a second) and its embeddings (Qwen3-Omni's audio encoder gives 130
+    per 1,000 frames: 13 a second, 2,048 bf16 each) must fit their edges' slots."""
+    import math
+
+    from realtime_omni.gateway.app import GatewayConfig
+    from realtime_omni.pipeline.graph import Graph
+
+    seconds = (GatewayConfig().entry_slot_bytes - 64 * 1024) / 4 / 16000
+    g = Graph(load_config(ROOT / "configs" / name))
+    assert g.edge("preprocessing", "audio_encoder").slot_bytes >= 128 * math.ceil(100 * seconds) * 4
+    assert g.edge("audio_encoder", "thinker").slot_bytes >= math.ceil(13 * seconds) * 2048 * 2

@@ -66,3 +66,20 @@ def test_beta_names() -> None:
     ev = for_beta({"type": "response.content_part.added", "part": {"type": "output_audio"}})
     assert ev is not None and ev["part"]["type"] == "audio"
     assert error_event("m", "c")["error"]["code"] == "c"
+
+
+def test_truncation_is_applied_and_shown_or_refused_by_name() -> None:
+    from realtime_omni.gateway.protocol import ProtocolError, Settings, apply_session_update
+
+    s = apply_session_update(Settings(), {"truncation": "disabled"})
+    assert s.truncation == "disabled" and s.to_openai("x")["truncation"] == "disabled"
+    s = apply_session_update(s, {"truncation": {"type": "retention_ratio", "retention_ratio": 0.8}})
+    assert s.truncation == 0.8
+    assert s.to_openai("x")["truncation"] == {"type": "retention_ratio", "retention_ratio": 0.8}
+    for bad in ("sometimes", {"type": "retention_ratio", "retention_ratio": 2}):
+        try:
+            apply_session_update(s, {"truncation": bad})
+        except ProtocolError as e:
+            assert e.param and "truncation" in e.param
+        else:
+            raise AssertionError(f"{bad!r} was accepted")

@@ -1,6 +1,7 @@
 """The session against a fake pipeline: turns, lead limit, barge-in, cancel, truncate."""
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -271,3 +272,42 @@ def test_a_client_message_as_text_gives_back_the_error_to_send() -> None:
         assert refused["error"]["event_id"] == "e7"
 
     run(body())
+
+
+def test_an_outgrown_conversation_is_truncated_by_its_rule_and_the_client_told() -> None:
+    """Three 0.3 s turns (19,200 B of float32 each) where a turn carries 50,000 B: the third
+    response deletes the oldest turn and says so; with a retention ratio of 0.5 it deletes down
+    to half at once; with truncation disabled the response is refused, naming the fix."""
+
+    async def turn(s: Session) -> list[dict[str, Any]]:
+        s.push_audio(np.full(7200, 0.1, np.float32), 24000)  # 0.3 s: 4,800 samples at 16 kHz
+        await s.handle({"type": "input_audio_buffer.commit"})
+        refused = await s.handle_text(json.dumps({"type": "response.create"}), 1 << 20)
+        await settle(s, lambda: s.active_response is None, read=24000)
+        return s.pending_events() + ([refused] if refused else [])
+
+    async def body(truncation: Any) -> tuple[Session, list[list[dict[str, Any]]]]:
+        s = Session(FakeCoord(chunks=1), max_payload_bytes=50_000)
+        update = {"turn_detection": None, "truncation": truncation}
+        await s.handle({"type": "session.update", "session": update})
+        s.pending_events()
+        return s, [await turn(s) for _ in range(3)]
+
+    async def check() -> None:
+        s, turns = await body("auto")
+        deleted = [e["item_id"] for e in turns[2] if e["type"] == "conversation.item.deleted"]
+        assert deleted and all(not any(e["type"] == "conversation.item.deleted" for e in t)
+                               for t in turns[:2])  # fmt: skip
+        assert deleted[0] not in [it.id for it in s.conversation.items]
+        assert s.conversation.array_bytes() <= 50_000
+        await s.close()
+        s, turns = await body({"type": "retention_ratio", "retention_ratio": 0.5})
+        assert s.conversation.array_bytes() <= 25_000
+        await s.close()
+        s, turns = await body("disabled")
+        errors = [e for e in turns[2] if e["type"] == "error"]
+        assert errors and errors[0]["error"]["code"] == "context_length_exceeded"
+        assert "truncation" in errors[0]["error"]["message"]
+        await s.close()
+
+    run(check())
