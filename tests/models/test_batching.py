@@ -148,3 +148,21 @@ def test_an_answer_that_ends_on_the_stop_token_matches_generate(tiny_dir: Path) 
     gen = generate(tiny_dir, payload, GREEDY["max_tokens"], 24, eos=ids[k])
     assert got["text_ids"] == gen["text_ids"] == ids[: k + 1]
     np.testing.assert_array_equal(got["codes"], gen["codes"])
+
+
+@pytest.mark.slow
+def test_encoders_batch_the_requests_waiting_together(tiny_dir: Path) -> None:
+    payloads = {k: {**conversation(k), **GREEDY} for k in ("audio", "image", "audio_image")}
+    ref = alone(payloads)
+    p = pipeline(8)
+    sizes: dict[str, list[int]] = {"audio_encoder": [], "image_encoder": []}
+    for name, seen in sizes.items():
+        ex = p.stages[name].executor
+        encode = ex._encode  # type: ignore[attr-defined]
+        ex._encode = lambda b, encode=encode, seen=seen: seen.append(len(b)) or encode(b)  # type: ignore[attr-defined]
+    for rid, payload in payloads.items():
+        p.submit(rid, payload)  # all at once: one encoder step each serves them all
+    p.run()
+    assert sizes == {"audio_encoder": [2], "image_encoder": [2]}  # one forward for both
+    for rid in payloads:
+        assert_same(result(p, rid), ref[rid])

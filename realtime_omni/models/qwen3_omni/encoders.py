@@ -4,6 +4,12 @@ AudioEncoderExecutor: `mel` [128, T] and `audio_lengths` [n] in (see preprocessi
 `audio_embeds` [Na, D] out. ImageEncoderExecutor: `pixel_values` and `image_grid_thw` in,
 `image_embeds` [Ni, D] and `deepstack` [K, Ni, D] out (the features the thinker adds after its
 first K layers). A request without audio (or images) passes through as `{n: 0}`.
+
+Batching: the requests waiting at one step (up to the stage's `max_batch`) go through one
+forward, their clips (or images) side by side as the towers take several anyway; each clip is
+encoded on its own inside the tower (the audio tower's windows and the vision tower's
+attention never cross a clip), so the outputs are split back per request by the tokens each
+clip makes.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class _EncoderExecutor:
         d = model_dir(ctx.model)
         self.dtype = model_dtype(ctx.model, ctx.device)
         self.model = load_part(d, self.part, ctx.device, self.dtype, load_config(d))
+        self.max_batch = ctx.max_batch
         self.todo: dict[str, dict[str, torch.Tensor]] = {}
 
     def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
@@ -46,33 +53,50 @@ class _EncoderExecutor:
         return bool(self.todo)
 
     def step(self) -> list[Emit]:
+        batch = list(self.todo)[: self.max_batch]
+        work = [rid for rid in batch if self.todo[rid]]
+        outs = (
+            dict(zip(work, self._encode([self.todo[r] for r in work]), strict=True)) if work else {}
+        )
         emits = []
-        for rid, inputs in self.todo.items():
-            emits += [Emit(rid, self._encode(inputs) if inputs else {"n": 0}), Emit(rid, done=True)]
-        self.todo.clear()
+        for rid in batch:
+            del self.todo[rid]
+            emits += [Emit(rid, outs.get(rid, {"n": 0})), Emit(rid, done=True)]
         return emits
 
     def abort(self, request_id: str) -> None:
         self.todo.pop(request_id, None)
 
-    def _encode(self, inputs: dict[str, torch.Tensor]) -> Payload:
+    def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
         raise NotImplementedError
 
 
 class AudioEncoderExecutor(_EncoderExecutor):
     part = "audio_encoder"
 
-    def _encode(self, inputs: dict[str, torch.Tensor]) -> Payload:
-        mel = inputs["mel"].to(self.dtype)
-        out = self.model(mel, feature_lens=inputs["audio_lengths"], return_dict=True)
-        return {"audio_embeds": out.last_hidden_state}
+    def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            _get_feat_extract_output_lengths,
+        )
+
+        mel = torch.cat([b["mel"] for b in batch], dim=1).to(self.dtype)
+        lengths = torch.cat([b["audio_lengths"] for b in batch])
+        out = self.model(mel, feature_lens=lengths, return_dict=True).last_hidden_state
+        made = [int(_get_feat_extract_output_lengths(b["audio_lengths"]).sum()) for b in batch]
+        return [{"audio_embeds": e} for e in out.split(made)]
 
 
 class ImageEncoderExecutor(_EncoderExecutor):
     part = "image_encoder"
 
-    def _encode(self, inputs: dict[str, torch.Tensor]) -> Payload:
-        pixels = inputs["pixel_values"].to(self.dtype)
-        out = self.model(pixels, grid_thw=inputs["image_grid_thw"])
-        deepstack = torch.stack(list(out.deepstack_features))
-        return {"image_embeds": out.pooler_output, "deepstack": deepstack}
+    def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
+        pixels = torch.cat([b["pixel_values"] for b in batch]).to(self.dtype)
+        grids = torch.cat([b["image_grid_thw"] for b in batch])
+        out = self.model(pixels, grid_thw=grids)
+        merge = self.model.spatial_merge_size**2
+        made = [int(b["image_grid_thw"].prod(-1).sum()) // merge for b in batch]
+        embeds = out.pooler_output.split(made)
+        deepstack = torch.stack(list(out.deepstack_features)).split(made, dim=1)
+        return [
+            {"image_embeds": e, "deepstack": ds} for e, ds in zip(embeds, deepstack, strict=True)
+        ]
