@@ -20,25 +20,31 @@ class InProcess:
         cfg = parse_config(config)
         self.graph = Graph(cfg)
         self.stages: dict[str, Stage] = {}
-        for name, st in cfg.stages.items():
-            ctx = StageContext(
-                stage=name,
-                device=st.device,
-                params=dict(st.params),
-                model=dict(cfg.model),
-                downstream=[e.dst for e in self.graph.out_edges[name]],
-                upstream=[e.src for e in self.graph.in_edges[name]],
-                max_batch=st.max_batch,
-                max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
-            )
-            self.stages[name] = Stage(
-                name, load_executor(st.executor, ctx), self.graph.wait_for[name]
-            )
+        for name in cfg.stages:
+            self.stages[name] = Stage(name, self._executor(name), self.graph.wait_for[name])
         self.outputs: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(
             lambda: defaultdict(list)
         )
         self.open: dict[str, set[str]] = {}  # request -> terminal stages not yet done
         self.batches: dict[str, list[int]] = defaultdict(list)  # stage -> requests per step
+
+    def _executor(self, name: str) -> Any:
+        cfg, st = self.graph.cfg, self.graph.cfg.stages[name]
+        ctx = StageContext(
+            stage=name,
+            device=st.device,
+            params=dict(st.params),
+            model=dict(cfg.model),
+            downstream=[e.dst for e in self.graph.out_edges[name]],
+            upstream=[e.src for e in self.graph.in_edges[name]],
+            max_batch=st.max_batch,
+            max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
+        )
+        return load_executor(st.executor, ctx)
+
+    def restart(self, name: str) -> None:
+        """As a restarted stage process: a new executor, nothing of the old one kept."""
+        self.stages[name].executor = self._executor(name)
 
     def submit(self, rid: str, payload: dict[str, Any]) -> None:
         self.open[rid] = set(self.graph.terminals)

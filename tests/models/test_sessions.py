@@ -39,26 +39,51 @@ def user(text: str, audio: bool = False) -> dict[str, Any]:
     return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
 
 
-def test_turns_continue_the_kept_cache_with_the_same_result(tiny_dir: Path) -> None:
-    kept, fresh, evicting = pipeline(), pipeline(), pipeline(session_cache_tokens=1)
-    history = [SYSTEM, user("Listen to this.", audio=True)]
-    previous = 0  # the tokens the previous turn's prompt and answer put in the cache
-    for i in range(3):
-        got = turn(kept, f"k{i}", history, session_id="s")
-        ref = turn(fresh, f"f{i}", history)  # no session: a full prefill
-        ev = turn(evicting, f"e{i}", history, session_id="s")
-        assert got["ids"] == ref["ids"] == ev["ids"] and got["ids"]
+def test_ten_turns_with_kept_caches_match_a_full_prefill_every_turn(tiny_dir: Path) -> None:
+    """Spoken and typed turns, a barge-in at turn 5 (the answer kept as far as heard), the
+    thinker and talker restarted after turn 7: every turn gives the tokens and codec frames of a
+    full prefill of the same history, and so does a session evicted after every turn."""
+    kept = pipeline()
+    fresh = pipeline()
+    evicting = InProcess(
+        tiny_config(thinker={"session_cache_tokens": 1}, talker_ar={"session_cache_tokens": 1})
+    )
+    history = [SYSTEM]
+    previous = 0  # the tokens the previous turn's prompt and answer put in the thinker's cache
+    for i in range(1, 11):
+        history.append(user(f"Point {i}.", audio=i % 2 == 1))
+        if i == 5:  # the person talks over the answer after two tokens
+            for p in (kept, fresh, evicting):
+                p.submit(f"t{i}", {"messages": history, "audio0": chirp(), **GREEDY,
+                                   "max_tokens": 30, "session_id": "s"})  # fmt: skip
+            for p in (kept, fresh, evicting):
+                while len(p.outputs[f"t{i}"]["decode"]) < 2:
+                    p.step()
+                p.abort(f"t{i}")
+            texts = {"".join(o["text"] for o in p.outputs[f"t{i}"]["decode"][:2])
+                     for p in (kept, fresh, evicting)}  # fmt: skip
+            assert len(texts) == 1
+            history.append({"role": "assistant", "content": texts.pop()})
+            previous = 0
+            continue
+        got = turn(kept, f"t{i}", history, session_id="s")
+        ref = turn(fresh, f"t{i}", history)  # no session: a full prefill
+        ev = turn(evicting, f"t{i}", history, session_id="s")
+        assert got["ids"] == ref["ids"] == ev["ids"] and got["ids"], i
         np.testing.assert_array_equal(got["codes"], ref["codes"])
         np.testing.assert_array_equal(ev["codes"], ref["codes"])
         assert ref["cached"] == 0 and ev["cached"] == 0
-        talker = kept.stages["talker_ar"].executor
-        if i == 0:
+        if i in (1, 8):  # the first turn, and the first after the restart
             assert got["cached"] == 0
-        else:  # everything up to the previous answer came from the cache
+        else:  # everything up to the previous answer (or what was heard of it) was kept
             assert got["cached"] >= previous and got["prefilled"] < ref["prefilled"] / 2
         previous = got["cached"] + got["prefilled"]
-        assert list(talker.sessions) == ["s"]  # type: ignore[attr-defined]
-        history = [*history, {"role": "assistant", "content": got["text"]}, user(f"And {i}?")]
+        history.append({"role": "assistant", "content": got["text"]})
+        if i == 7:
+            kept.restart("thinker")
+            kept.restart("talker_ar")
+    talker = kept.stages["talker_ar"].executor
+    assert list(talker.sessions) == ["s"]  # type: ignore[attr-defined]
 
 
 def test_a_turn_after_a_barge_in_continues_from_what_was_heard(tiny_dir: Path) -> None:
