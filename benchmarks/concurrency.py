@@ -13,7 +13,7 @@ per forward, the baseline) in the same run:
 - first_audio_ms p50 and p99 over the streams.
 
     python benchmarks/concurrency.py [--configs tiny,simulated] [--streams 1,4,16,64]
-        [--max-tokens 16] [--stagger-ms 50] [--json PATH]
+        [--max-tokens 16] [--stagger-ms 50] [--device cuda:0] [--json PATH]
 
 Targets (tiny config, 16 streams, this 2-core machine): batched frames/s >= 4 x unbatched,
 worst_rtf < 1, first audio p99 <= 2 x the one-stream p50.
@@ -47,8 +47,12 @@ FRAME_S = 0.08
 SAMPLES_PER_FRAME = 1920
 
 
-def load(name: str, batched: bool) -> dict[str, Any]:
+def load(name: str, batched: bool, device: str = "cpu") -> dict[str, Any]:
     data = yaml.safe_load(CONFIGS[name].read_text())
+    if device != "cpu":  # the model stages on the device, in its default dtype
+        for stage in ("image_encoder", "audio_encoder", "thinker", "talker_ar", "code2wav"):
+            data["stages"][stage]["device"] = device
+        data.get("model", {}).pop("dtype", None)
     if not batched:
         for stage in data["stages"].values():
             stage["max_batch"] = 1
@@ -113,10 +117,10 @@ async def measure(
 
 
 async def run(
-    name: str, batched: bool, counts: list[int], max_tokens: int, stagger_s: float
+    name: str, batched: bool, counts: list[int], max_tokens: int, stagger_s: float, device: str
 ) -> list[dict[str, Any]]:
     rows = []
-    async with Coordinator(parse_config(load(name, batched))) as coord:
+    async with Coordinator(parse_config(load(name, batched, device))) as coord:
         await one_stream(coord, request(name, max_tokens, 0))  # warm up
         for n in counts:
             print(f"  {name} {'batched' if batched else 'max_batch 1'}: {n} streams", end="",
@@ -161,13 +165,15 @@ def main() -> None:
     parser.add_argument("--streams", default="1,4,16,64")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--stagger-ms", type=float, default=50.0)
+    parser.add_argument("--device", default="cpu", help="where the tiny model's stages run")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
     rows = []
     for name in args.configs.split(","):
         for batched in (True, False):
-            rows += asyncio.run(run(name, batched, counts, args.max_tokens, args.stagger_ms / 1e3))
+            stagger = args.stagger_ms / 1e3
+            rows += asyncio.run(run(name, batched, counts, args.max_tokens, stagger, args.device))
     report(rows)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=2))

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run: the CUDA IPC tests and the transport benchmark with
-# its cuda_ipc row. Made for a lent GPU machine whose python3 has CUDA torch but cannot reach
+# Every check that needs a GPU, in one run: the CUDA IPC tests, the transport benchmark with
+# its cuda_ipc row, and the batched stages on cuda:0 in bf16 (benchmarks/batch_steps.py: step
+# times at batch 1, 8 and 32 for the tiny model and for random weights at the real Qwen3-Omni
+# sizes; benchmarks/concurrency.py: first audio at 1, 4 and 16 streams, tiny model on cuda:0). Made for a lent GPU machine whose python3 has CUDA torch but cannot reach
 # PyPI (see benchmarks/README.md, "GPU checks"):
 #
 #   benchmarks/gpu_check.sh wheels   here: the runtime's other packages as wheels in .whl/,
 #                                    the versions .venv has, for the GPU machine's Python
 #   benchmarks/gpu_check.sh          there: install .whl/ (if carried) aside, check, and write
-#                                    the results to $OUT (or gpu-check/)
+#                                    the results to $OUT (or gpu-check/): the runtime's checks
+#   benchmarks/gpu_check.sh stages   there, a second call: the batched model stages
+# Each fits one 480 s device call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # What the pipeline runtime imports beyond numpy, ml_dtypes, pyyaml, psutil and pytest, which
 # the GPU image has.
 PACKAGES="pyzmq msgspec pydantic pydantic_core annotated-types typing-inspection typing_extensions"
+# ... and what the model stages import (transformers and its dependencies).
+PACKAGES="$PACKAGES transformers huggingface-hub tokenizers safetensors regex tqdm filelock fsspec
+    hf-xet httpx2 httpcore2 h11 anyio idna truststore typer click shellingham rich markdown-it-py
+    mdurl pygments annotated-doc pillow jinja2 markupsafe"
 GPU_PYTHON_VERSION=${GPU_PYTHON_VERSION:-3.12}
 
 if [[ "${1:-}" == wheels ]]; then
@@ -45,6 +53,15 @@ print(platform.python_version(), "torch", torch.__version__, torch.cuda.get_devi
       torch.cuda.device_count(), "device(s)")
 EOF
 status=0
+if [[ "${1:-}" == stages ]]; then
+    for model in tiny real; do
+        timeout 150 python3 benchmarks/batch_steps.py --model "$model" --device cuda:0 \
+            --json "$out/batch_steps_$model.json" 2>&1 | tee "$out/batch_steps_$model.txt" || status=1
+    done
+    timeout 150 python3 benchmarks/concurrency.py --configs tiny --device cuda:0 --streams 1,4,16 \
+        --json "$out/concurrency.json" 2>&1 | tee "$out/concurrency.txt" || status=1
+    exit $status
+fi
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_cuda_ipc.py \
     2>&1 | tee "$out/pytest.txt" || status=1
 timeout 240 python3 benchmarks/transport.py --rounds 3 --json "$out/transport.json" \

@@ -103,3 +103,33 @@ def test_conversation_benchmark_smoke(tmp_path: Path) -> None:
             assert r["cached_tokens"] == 0
         assert r["first_audio_ms"] > 0
     assert "turn 3 / turn 1 first audio" in stdout
+
+
+@pytest.mark.slow
+def test_batch_steps_benchmark_at_real_widths_with_random_weights(tmp_path: Path) -> None:
+    """The real-size config path of benchmarks/batch_steps.py (the one gpu_check.sh runs), on
+    the CPU: the published widths with one layer per part and few experts, random weights
+    built on the device, the tiny token ids; every stage steps at batch 2."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import batch_steps
+
+    from realtime_omni.models.qwen3_omni.tiny import ensure_tiny
+
+    small = {**batch_steps.REAL_THINKER_TEXT, "num_hidden_layers": 1, "num_experts": 8,
+             "vocab_size": 4096}  # fmt: skip
+    d = batch_steps.real_size_dir(ensure_tiny(0), tmp_path / "real", scale=small)
+    cfg = json.loads((d / "config.json").read_text())
+    talker = cfg["talker_config"]
+    for part in (talker["text_config"], talker["code_predictor_config"], cfg["code2wav_config"]):
+        part["num_hidden_layers"] = 1
+        part.pop("layer_types", None)
+    talker["text_config"]["num_experts"] = 8
+    talker["accept_hidden_layer"] = 1  # the thinker has one layer here
+    (d / "config.json").write_text(json.dumps(cfg))
+    got = batch_steps.measure({"path": str(d), "dtype": "float32"}, "cpu", 2, 2)
+    assert set(got) == {"thinker", "talker_ar", "code2wav"} and all(v > 0 for v in got.values())
+    assert cfg["thinker_config"]["text_config"]["hidden_size"] == 2048
+    assert (
+        cfg["im_end_token_id"]
+        == json.loads((ensure_tiny(0) / "config.json").read_text())["im_end_token_id"]
+    )

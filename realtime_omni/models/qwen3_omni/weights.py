@@ -38,7 +38,7 @@ def model_dir(model: dict[str, Any]) -> Path:
         )
         if not d.is_dir():
             raise ConfigError(f"model.path = {str(path)!r}: no such directory. Fix: {fix}")
-        if not (d / "config.json").is_file() or not _shards(d):
+        if not (d / "config.json").is_file() or not (_shards(d) or random_weights(d)):
             raise ConfigError(
                 f"model.path = {str(path)!r}: not a Qwen3-Omni checkpoint (expected config.json "
                 f"and model*.safetensors in it). Fix: {fix}"
@@ -87,6 +87,8 @@ def load_part(d: Path, part: str, device: str, dtype: Any, cfg: Any = None) -> A
     if part not in build:
         raise ValueError(f"unknown part {part!r}; one of {PARTS}")
     cls, part_cfg, prefix = build[part]
+    if random_weights(d):
+        return _random_part(cls, part_cfg, part, device, dtype)
     with _params_on_meta():
         module = cls._from_config(part_cfg)
     skip: tuple[str, ...] = ()
@@ -111,10 +113,35 @@ def load_part(d: Path, part: str, device: str, dtype: Any, cfg: Any = None) -> A
     return module.eval().requires_grad_(False)
 
 
+RANDOM = "random_weights.json"  # a checkpoint directory with it holds only the config
+
+
+def random_weights(d: Path) -> bool:
+    """Whether `d` is a config without weights, for measuring a model's sizes (`benchmarks/
+    batch_steps.py` writes one): every part is built with random weights on its device."""
+    return (d / RANDOM).is_file()
+
+
+def _random_part(cls: Any, part_cfg: Any, part: str, device: str, dtype: Any) -> Any:
+    import torch
+
+    with torch.device(device):
+        module = cls._from_config(part_cfg, dtype=dtype)
+    if part == "thinker":
+        module.model.audio_tower = None
+        module.model.visual = None
+    return module.eval().requires_grad_(False)
+
+
 def read_rows(d: Path, key: str, rows: list[int], device: str, dtype: Any) -> Any:
     """Rows of one 2-D checkpoint tensor (e.g. a few thinker embeddings the talker needs)."""
     import torch
     from safetensors import safe_open
+
+    if random_weights(d):
+        width = json.loads((d / RANDOM).read_text())["widths"][key]
+        gen = torch.Generator().manual_seed(len(rows))
+        return torch.randn(len(rows), width, generator=gen).to(device=device, dtype=dtype)
 
     for shard in _shards(d):
         with safe_open(str(shard), "pt") as f:
