@@ -10,7 +10,9 @@ per forward, the baseline) in the same run:
   submit to the last output;
 - worst_rtf: the slowest stream's real-time factor, the time from its submit to its last audio
   over the duration of that audio (< 1: faster than real time);
-- first_audio_ms p50 and p99 over the streams.
+- first_audio_ms p50 and p99 over the streams;
+- worst_stall_ms: the most silence any stream's listener heard after its first audio, waiting
+  for the next chunk (a listener who starts playing at the first audio and keeps no reserve).
 
     python benchmarks/concurrency.py [--configs tiny,simulated] [--streams 1,4,16,64]
         [--max-tokens 16] [--stagger-ms 50] [--device cuda:0] [--json PATH]
@@ -79,12 +81,17 @@ async def one_stream(coord: Coordinator, payload: dict[str, Any]) -> dict[str, f
     t0 = time.monotonic()
     first = last = None
     samples = 0
+    play_end = stall = 0.0  # a listener who starts at the first audio and never waits ahead
     async for out in await coord.submit(payload):
         if "pcm" in out.data:
             now = time.monotonic()
             first = first if first is not None else now
             last = now
-            samples += int(np.asarray(out.data["pcm"]).size)
+            n = int(np.asarray(out.data["pcm"]).size)
+            samples += n
+            if now > play_end > 0:
+                stall += now - play_end  # the listener heard silence until this chunk came
+            play_end = max(play_end, now) + n / (SAMPLES_PER_FRAME / FRAME_S)
     if first is None or last is None:
         raise RuntimeError("a stream ended without audio")
     audio_s = samples / (SAMPLES_PER_FRAME / FRAME_S)
@@ -94,6 +101,7 @@ async def one_stream(coord: Coordinator, payload: dict[str, Any]) -> dict[str, f
         "first_ms": (first - t0) * 1e3,
         "frames": samples / SAMPLES_PER_FRAME,
         "rtf": (last - t0) / max(audio_s, 1e-9),
+        "stall_ms": stall * 1e3,
     }
 
 
@@ -111,6 +119,7 @@ async def measure(
         "streams": streams,
         "frames_per_s": sum(g["frames"] for g in got) / wall,
         "worst_rtf": max(g["rtf"] for g in got),
+        "worst_stall_ms": max(g["stall_ms"] for g in got),
         "first_audio_ms_p50": statistics.median(firsts),
         "first_audio_ms_p99": float(np.percentile(firsts, 99)),
     }
@@ -135,13 +144,14 @@ async def run(
 def report(rows: list[dict[str, Any]]) -> None:
     print(
         f"{'config':10} {'batched':>8} {'streams':>7} {'frames/s':>9} {'worst rtf':>9} "
-        f"{'first p50':>10} {'first p99':>10}"
+        f"{'first p50':>10} {'first p99':>10} {'stall':>8}"
     )
     for r in rows:
         print(
             f"{r['config']:10} {'yes' if r['batched'] else 'no':>8} {r['streams']:>7} "
             f"{r['frames_per_s']:>9.1f} {r['worst_rtf']:>9.2f} "
-            f"{r['first_audio_ms_p50']:>8.0f}ms {r['first_audio_ms_p99']:>8.0f}ms"
+            f"{r['first_audio_ms_p50']:>8.0f}ms {r['first_audio_ms_p99']:>8.0f}ms "
+            f"{r['worst_stall_ms']:>6.0f}ms"
         )
     by = {(r["config"], r["batched"], r["streams"]): r for r in rows}
     for (config, batched, n), r in by.items():

@@ -79,7 +79,8 @@ def test_concurrency_benchmark_smoke(tmp_path: Path) -> None:
     assert set(rows) == {(True, 1), (True, 4), (False, 1), (False, 4)}
     for r in rows.values():
         assert set(r) == {"config", "batched", "streams", "frames_per_s", "worst_rtf",
-                          "first_audio_ms_p50", "first_audio_ms_p99"}  # fmt: skip
+                          "first_audio_ms_p50", "first_audio_ms_p99", "worst_stall_ms"}  # fmt: skip
+        assert r["worst_stall_ms"] >= 0
         assert r["config"] == "simulated" and r["frames_per_s"] > 0 and r["worst_rtf"] > 0
         assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p99"]
     assert rows[(True, 4)]["frames_per_s"] > rows[(False, 4)]["frames_per_s"]

@@ -67,7 +67,16 @@ def test_chunk_plan_waits_for_a_full_chunk_until_the_end() -> None:
     plan = ChunkPlan(first_chunk_frames=2, chunk_frames=10)
     assert plan.next_end(0, 1, final=False) is None
     assert plan.next_end(0, 2, final=False) == 2
-    assert plan.next_end(2, 11, final=False) is None
-    assert plan.next_end(2, 12, final=False) == 12
-    assert plan.next_end(2, 5, final=True) == 5
+    assert plan.next_end(2, 3, final=False) is None
+    assert plan.next_end(2, 9, final=False) == 4  # as many as were sent: 2
+    assert plan.next_end(4, 9, final=False) == 8  # 4
+    assert plan.next_end(8, 15, final=False) is None  # 8: waits for the 8th
+    assert plan.next_end(8, 17, final=False) == 16
+    assert plan.next_end(16, 30, final=False) == 26  # at most chunk_frames
+    assert plan.next_end(2, 3, final=True) == 3
     assert plan.next_end(5, 5, final=True) is None
+    sizes, s = [], 0
+    while (e := plan.next_end(s, 60, final=False)) is not None:
+        sizes.append(e - s)
+        s = e
+    assert sizes == [2, 2, 4, 8, 10, 10, 10, 10]

@@ -1,8 +1,9 @@
 """The code2wav stage: streamed vocoder, 16-code frames in, 24 kHz float32 PCM chunks out.
 
 Chunking (`ChunkPlan`, pure arithmetic): the first chunk has at most `first_chunk_frames`
-(default 2) frames for a fast first packet, later ones `chunk_frames` (default 10), and the tail
-whatever is left when the talker ends. A chunk of frames [s, e) is decoded together with
+(default 2) frames for a fast first packet, each later one as many frames as were sent before it
+(2, 2, 4, 8, ...) up to `chunk_frames` (default 10), and the tail whatever is left when the
+talker ends. A chunk of frames [s, e) is decoded together with
 c = min(left_context_frames, s) frames before it. One code2wav call on n frames returns
 n * 1920 - 555 samples (its causal transposed convolutions cut 555 at the end), covering absolute
 samples [1920 (s - c), 1920 e - 555). The chunk emits from absolute sample 1920 s - 555 (0 for
@@ -14,6 +15,10 @@ context they differ slightly (a quality/latency trade-off set by `left_context_f
 Batching: the chunks due in one step whose windows (left context plus chunk) have the same
 number of frames are decoded in one call, up to the stage's `max_batch` (every first chunk of
 `first_chunk_frames`, and every full later chunk once its context is full, share a shape).
+A step decodes at most `params.max_frames_per_step` frames (default 160, context included), the
+chunks of the listeners who have heard the least first: a new answer's first chunk never waits
+behind the others' longer chunks, and a step never holds the talker in the same process up for
+long (16 answers' 20-frame chunks with their context came to 0.4 s of CPU in one step).
 
 Outputs: `{pcm [n] float32, codes [frames, 16] int32, index, frames, token_time, request_id,
 sample_rate_hz}`, where `token_time` is that of the chunk's first frame.
@@ -43,9 +48,18 @@ class ChunkPlan:
     chunk_frames: int = 10
     left_context_frames: int = 25
 
+    def size(self, start: int) -> int:
+        """Frames of the chunk starting at `start`: `first_chunk_frames`, then as many as were
+        emitted before it (doubling), up to `chunk_frames`. The audio already sent is what the
+        listener hears while the next chunk is made, so a chunk never asks for more frames than
+        that covers: 2, 2, 4, 8, 10, 10, ... A fixed second chunk of 10 frames left the
+        listener 50 ms of silence after the first with one stream and 340 ms with 16
+        (benchmarks/concurrency.py, worst_stall_ms)."""
+        return min(self.chunk_frames, max(self.first_chunk_frames, start))
+
     def next_end(self, start: int, available: int, final: bool) -> int | None:
         """End frame of the chunk starting at `start`, or None while it must wait for frames."""
-        size = self.first_chunk_frames if start == 0 else self.chunk_frames
+        size = self.size(start)
         if available - start >= size:
             return start + size
         if final and available > start:
@@ -89,6 +103,7 @@ class Code2WavExecutor(HoldsRequests):
         if self.plan.left_context_frames < 1 or self.plan.first_chunk_frames < 1:
             raise ValueError("code2wav: left_context_frames and first_chunk_frames must be >= 1")
         self.max_batch = ctx.max_batch
+        self.max_frames_per_step = int(p.get("max_frames_per_step", 160))
         self.reqs: dict[str, _Request] = {}
 
     def _lost_tail(self) -> int:
@@ -113,21 +128,26 @@ class Code2WavExecutor(HoldsRequests):
 
     def step(self) -> list[Emit]:
         emits: list[Emit] = []
-        due: dict[int, list[tuple[str, int]]] = {}  # window frames -> (rid, chunk end)
+        due: list[tuple[int, str, int, int]] = []  # (frames heard, rid, chunk end, window frames)
         for rid, r in list(self.running().items()):
             end = self._due(r)
             if end is not None:
-                due.setdefault(end - self.plan.window(r.start), []).append((rid, end))
+                due.append((r.start, rid, end, end - self.plan.window(r.start)))
             elif r.ended and r.start >= len(r.frames):
                 del self.reqs[rid]
                 emits.append(Emit(rid, done=True))
-        budget = self.max_batch
-        for group in due.values():
-            group = group[:budget]
-            budget -= len(group)
-            emits += self._chunks(group)
-            if budget <= 0:
+        # The listeners who have heard the least go first (a new answer's first chunk above all),
+        # within `max_frames_per_step` decoded frames, so that one step never holds up the
+        # stages sharing this process (the talker) for long: those who wait have audio queued.
+        groups: dict[int, list[tuple[str, int]]] = {}
+        frames = 0
+        for _, rid, end, window in sorted(due)[: self.max_batch]:
+            if groups and frames + window > self.max_frames_per_step:
                 break
+            groups.setdefault(window, []).append((rid, end))
+            frames += window
+        for group in groups.values():
+            emits += self._chunks(group)
         return emits
 
     def abort(self, request_id: str) -> None:
