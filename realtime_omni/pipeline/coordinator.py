@@ -318,7 +318,8 @@ class Coordinator:
         try:
             msg, frames = self.outlet.pack(rid, lease, payload, route)
             self._send(entry_proc, msg, frames)
-        except (OmniError, TypeError, ValueError) as e:
+        except (OmniError, TypeError, ValueError, msgspec.MsgspecError) as e:
+            self.outlet.pool.release(lease)  # nothing was sent: the credit is still ours
             self._forget(rid)
             raise e if isinstance(e, OmniError) else RequestError(str(e)) from None
         return req.stream

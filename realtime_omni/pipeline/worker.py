@@ -464,7 +464,10 @@ class Worker:
                     try:
                         msg, frames = outlet.pack(rid, lease, out.payload, route)
                         self._send(peer, msg, frames)
-                    except (OmniError, TypeError, ValueError) as err:
+                    except (OmniError, TypeError, ValueError, msgspec.MsgspecError) as err:
+                        # Nothing was sent (msgpack refused the metadata, say): the credit is
+                        # still ours, and must come back or the edge runs dry.
+                        outlet.pool.release(lease)
                         box.popleft()
                         self.stages[stage].fail(rid, str(err))
                         self._drop_outbox(rid)

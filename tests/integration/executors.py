@@ -33,3 +33,18 @@ class BrokenExecutor:
 
     def __init__(self, ctx: StageContext) -> None:
         raise FileNotFoundError(f"no weights for {ctx.stage} in /nonexistent")
+
+
+class ScalarMetaExecutor(SimulatedExecutor):
+    """A simulated stage whose outputs carry a numpy scalar in their metadata (which msgpack
+    cannot encode) for requests that ask for `bad_meta`."""
+
+    def _emits(self, rid: str, meta: dict[str, Any], n: int) -> list[Emit]:
+        emits = super()._emits(rid, meta, n)
+        if rid in self.reqs and self.reqs[rid].meta.get("bad_meta"):
+            import numpy as np
+
+            for e in emits:
+                if e.data is not None:
+                    e.data["score"] = np.float32(0.5)
+        return emits

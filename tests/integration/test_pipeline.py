@@ -368,3 +368,31 @@ def test_stage_processes_take_the_configured_niceness() -> None:
             check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
 
     run(body())
+
+
+def test_an_output_msgpack_refuses_fails_its_request_and_gives_its_credit_back() -> None:
+    """Outputs with a numpy scalar in their metadata fail their request; the credit each held
+    comes back, so after more such requests than the edge has credits the next one is served
+    and an abort is acknowledged (before, eight of them stalled the edge for good)."""
+    cfg = simulated_config(FAST)
+    cfg["stages"]["thinker"]["executor"] = "tests.integration.executors:ScalarMetaExecutor"
+    for stage in ("decode", "talker_ar"):
+        cfg["stages"][stage]["max_batch"] = 2
+    cfg["edges"] = [e for e in cfg["edges"] if e["src"] != "thinker"] + [
+        {"src": "thinker", "dst": "decode", "slots": 2},
+        {"src": "thinker", "dst": "talker_ar", "slots": 2},
+    ]
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            for _ in range(5):
+                stream = await coord.submit({"max_tokens": 3, "bad_meta": True})
+                with pytest.raises(RequestError, match="float32"):
+                    await asyncio.wait_for(stream.collect(), timeout(10))
+            check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
+            stream = await coord.submit({"max_tokens": 500})
+            await asyncio.sleep(0.3)
+            await asyncio.wait_for(coord.abort(stream.request_id), timeout(5))
+            await all_slots_free(coord)
+
+    run(body())
