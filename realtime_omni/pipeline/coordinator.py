@@ -442,6 +442,8 @@ class Coordinator:
                         if (got := m.receive(sock, copy)) is None:
                             break
                         self._handle(*got)
+                    except m.Malformed as e:
+                        log.warning("coordinator: dropped a message: %s", e)
                     except Exception as e:  # a bug must not kill the receive loop silently
                         log.exception("coordinator: cannot handle a message: %s", e)
                 else:

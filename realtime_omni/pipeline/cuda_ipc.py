@@ -3,22 +3,23 @@
 The one module of `pipeline/` that imports torch, and only when a payload holds torch tensors
 (the relay imports it lazily), so deployments that move numpy arrays never load torch here.
 
-The sender allocates one buffer of `slots * slot_bytes` on its GPU and shares its IPC handle once
-(pickled: it is a handle, not a payload); each payload is a device-to-device copy into its slot,
-then a stream synchronisation, then the control message. The receiver maps the buffer once and
-views the slot; it copies what it keeps (to its own device) before it acknowledges. The two
-processes' CUDA streams are not ordered with each other, so before the acknowledgement the receiver
-waits for the GPU work it queued (`settle`): a copy still queued would otherwise read a slot the
-sender is already filling again.
+The sender allocates one buffer of `slots * slot_bytes` on its GPU and shares its IPC handle
+once, as plain msgpack fields (`PoolHandle`: sizes, offsets and the driver's handle bytes;
+nothing received is ever unpickled, so a forged handle is at worst refused); each payload is a
+device-to-device copy into its slot, then a stream synchronisation, then the control message.
+The receiver maps the buffer once and views the slot; it copies what it keeps (to its own
+device) before it acknowledges. The two processes' CUDA streams are not ordered with each
+other, so before the acknowledgement the receiver waits for the GPU work it queued (`settle`):
+a copy still queued would otherwise read a slot the sender is already filling again.
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
+import msgspec
 import torch
-from torch.multiprocessing.reductions import reduce_tensor
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from realtime_omni.pipeline.messages import ArrayRef
 from realtime_omni.pipeline.relay import ALIGN
@@ -31,13 +32,50 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dt
 
 
+class PoolHandle(msgspec.Struct, array_like=True):
+    """What `reduce_tensor` gives for a CUDA uint8 buffer, minus the classes and the rebuild
+    function that pickle would carry (they are always the same here)."""
+
+    size: int
+    device: int
+    handle: bytes  # the CUDA IPC memory handle
+    storage_bytes: int
+    storage_offset: int
+    ref_handle: bytes
+    ref_offset: int
+    event: bytes | None
+    event_sync: bool
+
+
+def export_handle(buffer: torch.Tensor) -> bytes:
+    rebuild, a = reduce_tensor(buffer)
+    if rebuild is not rebuild_cuda_tensor or a[0] is not torch.Tensor or a[5] != torch.uint8:
+        raise RuntimeError(f"unexpected CUDA IPC reduction of {buffer.dtype} on {buffer.device}")
+    if tuple(a[1]) != (buffer.numel(),) or tuple(a[2]) != (1,) or a[3] != 0:
+        raise RuntimeError("a pool buffer must be a whole 1-D uint8 tensor")
+    fields = PoolHandle(buffer.numel(), a[6], a[7], a[8], a[9], a[11], a[12], a[13], a[14])
+    return msgspec.msgpack.encode(fields)
+
+
+def import_handle(raw: bytes) -> tuple[Any, ...]:
+    """The arguments of `rebuild_cuda_tensor` for a handle made by `export_handle`;
+    `msgspec.ValidationError` (a ValueError) if it is anything else."""
+    h = msgspec.msgpack.decode(raw, type=PoolHandle)
+    storage_cls = type(torch.empty(0, dtype=torch.uint8)._typed_storage())
+    return (
+        torch.Tensor, torch.Size([h.size]), (1,), 0, storage_cls, torch.uint8, h.device,
+        h.handle, h.storage_bytes, h.storage_offset, False, h.ref_handle, h.ref_offset,
+        h.event, h.event_sync,
+    )  # fmt: skip
+
+
 class CudaSlots:
     def __init__(self, device: torch.device, slots: int, slot_bytes: int, pool_id: str) -> None:
         self.device = torch.device(device)
         self.slot_bytes = slot_bytes
         self.buffer = torch.empty(slots * slot_bytes, dtype=torch.uint8, device=self.device)
         self.pool_id = pool_id
-        self.handle = pickle.dumps(reduce_tensor(self.buffer))
+        self.handle = export_handle(self.buffer)
 
     def write(self, slot: int, arrays: dict[str, Any]) -> list[ArrayRef]:
         refs = []
@@ -56,8 +94,7 @@ class CudaSlots:
 
 class _OpenPool:
     def __init__(self, handle: bytes) -> None:
-        rebuild, args = pickle.loads(handle)
-        self.buffer: torch.Tensor = rebuild(*args)
+        self.buffer: torch.Tensor = rebuild_cuda_tensor(*import_handle(handle))
 
     def view(self, ref: ArrayRef) -> torch.Tensor:
         raw = self.buffer[ref.offset : ref.offset + ref.nbytes]

@@ -192,20 +192,42 @@ def decode(frame: bytes | memoryview) -> Message:
     return _decoder.decode(frame)
 
 
+class Malformed(Exception):
+    """A message that does not decode, or whose frames are not the ones it announces. Its
+    frames were all taken off the socket: the caller logs it and goes on."""
+
+
 def receive(sock: Any, copy: bool = True) -> tuple[Message, list[Any]] | None:
     """The next message waiting on a ZMQ socket, with all its frames (bytes, or with
-    `copy=False` zmq Frames viewed in place), or None when none waits. Never blocks.
+    `copy=False` zmq Frames viewed in place), or None when none waits. Never blocks, and
+    raises `Malformed` (after discarding the rest of that message) for a message that does
+    not decode or announces other frames than it has: one bad sender cannot block the reader.
 
     How many frames follow frame 0 is read from the message itself (one per `ArrayRef` in a
-    frame of its own), not asked of the socket: that query costs more than the receive."""
+    frame of its own) and checked against the socket's RCVMORE; ZMQ delivers a multipart
+    message whole, so its frames are there at once."""
     try:
         first = sock.recv(zmq.NOBLOCK, copy=copy)
     except zmq.Again:
         return None
-    msg = decode(first if copy else first.buffer.toreadonly())  # arrays view it read-only
+    try:
+        msg = decode(first if copy else first.buffer.toreadonly())  # arrays view it read-only
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        _discard_rest(sock)
+        raise Malformed(f"undecodable message: {e}") from None
     frames = [first]
     if type(msg) is DataReady:
         for ref in msg.arrays:
             if ref.frame > 0:
-                frames.append(sock.recv(copy=copy))  # a multipart message arrives whole
+                if not sock.getsockopt(zmq.RCVMORE):  # else recv takes the next message's
+                    raise Malformed(f"{msg.src}->{msg.dst}: fewer frames than announced")
+                frames.append(sock.recv(zmq.NOBLOCK, copy=copy))
+    if sock.getsockopt(zmq.RCVMORE):
+        _discard_rest(sock)
+        raise Malformed(f"{type(msg).__name__}: more frames than announced")
     return msg, frames
+
+
+def _discard_rest(sock: Any) -> None:
+    while sock.getsockopt(zmq.RCVMORE):
+        sock.recv(zmq.NOBLOCK)

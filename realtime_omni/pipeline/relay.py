@@ -35,7 +35,7 @@ import numpy as np
 from realtime_omni.errors import PayloadTooLarge, RequestError
 from realtime_omni.pipeline.graph import Edge
 from realtime_omni.pipeline.messages import ArrayRef, DataReady
-from realtime_omni.pipeline.shm import Segment, segment_name
+from realtime_omni.pipeline.shm import Segment, check_name, segment_name
 from realtime_omni.pipeline.slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -263,6 +263,7 @@ class Inlet:
         if msg.transport == "shm":
             seg = self._segments.get(msg.segment)
             if seg is None:
+                check_name(msg.segment, msg.src, msg.dst)
                 seg = self._cache(self._segments, msg.segment, Segment(msg.segment))
             for ref in msg.arrays:
                 raw = seg.bytes[ref.offset : ref.offset + ref.nbytes]

@@ -29,6 +29,17 @@ def segment_name(owner_pid: int, *parts: object) -> str:
     return PREFIX + f"{owner_pid}_" + ".".join(_SAFE.sub("-", str(p)) for p in parts)
 
 
+_NAME = re.compile(r"rto_\d+_[A-Za-z0-9_.-]+")
+
+
+def check_name(name: str, src: str, dst: str) -> None:
+    """ValueError unless `name` is a segment name of `segment_name`'s form for edge `src ->
+    dst`: a name from the wire is a file name under /dev/shm, and must not reach elsewhere."""
+    tail = "." + ".".join(_SAFE.sub("-", p) for p in (src, dst))
+    if not _NAME.fullmatch(name) or not name.endswith(tail):
+        raise ValueError(f"{name!r} is not a shared-memory segment of edge {src}->{dst}")
+
+
 class Segment:
     """One mapped segment. The creator unlinks it; every holder closes its mapping."""
 

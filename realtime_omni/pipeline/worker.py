@@ -12,6 +12,7 @@ environment) or on another host by `realtime-omni stage` with the same config.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import select
 import threading
@@ -33,6 +34,8 @@ from realtime_omni.pipeline.graph import Edge, Graph, group_of
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload
 from realtime_omni.pipeline.shm import list_segments, segment_name, unlink_segments
 from realtime_omni.pipeline.stage import Stage
+
+log = logging.getLogger(__name__)
 
 # ZMQ send queues: what can be in flight is bounded by the edges' credits (one message per
 # payload, one ack per payload) plus a few control messages per request, so this never binds.
@@ -289,17 +292,32 @@ class Worker:
 
     def _drain(self) -> bool:
         batch = []
-        while len(batch) < MAX_DRAIN and (got := m.receive(self.inbox, self.copy_recv)):
+        while len(batch) < MAX_DRAIN:
+            try:
+                got = m.receive(self.inbox, self.copy_recv)
+            except m.Malformed as e:
+                log.warning("%s: dropped a message: %s", self.me, e)
+                continue
+            if got is None:
+                break
             batch.append(got)
         # Aborts and peer changes first: data of an aborted request is then dropped unprocessed.
         urgent = (m.Abort, m.PeerDown, m.Shutdown)
         for msg, frames in batch:
             if isinstance(msg, urgent):
-                self._handle(msg, frames)
+                self._guarded(msg, frames)
         for msg, frames in batch:
             if not isinstance(msg, urgent):
-                self._handle(msg, frames)
+                self._guarded(msg, frames)
         return bool(batch)
+
+    def _guarded(self, msg: m.Message, frames: list[Any]) -> None:
+        """Handle one message; one that names no stage, edge or peer of this process (forged,
+        or from a config other than ours) is logged and dropped, and the process goes on."""
+        try:
+            self._handle(msg, frames)
+        except Exception as e:
+            log.warning("%s: dropped %s: %s: %s", self.me, type(msg).__name__, type(e).__name__, e)
 
     def _work(self) -> bool:
         """Flush, deliver and step every stage. A request whose outputs wait for credit is held
@@ -363,6 +381,8 @@ class Worker:
             case m.DataReady():
                 self._on_data(msg, frames)
             case m.StreamEnd(request_id=rid, src=src, dst=dst, route=route):
+                if self.graph.edge(src, dst).kind != "stream":  # KeyError: not an edge of ours
+                    raise ValueError(f"{src}->{dst} is not a streaming edge")
                 if rid not in self.stages[dst].closed:
                     self.routes.setdefault(rid, route)
                     self.inbound[dst].append(_In("end", rid, src))

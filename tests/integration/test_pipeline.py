@@ -396,3 +396,47 @@ def test_an_output_msgpack_refuses_fails_its_request_and_gives_its_credit_back()
             await all_slots_free(coord)
 
     run(body())
+
+
+def test_forged_garbled_and_truncated_messages_neither_kill_nor_block_a_stage() -> None:
+    """Random bytes, truncated messages, messages short of the frames they announce, and
+    well-formed ones naming stages, edges and peers that do not exist, sent to a stage's inbox:
+    the process logs and drops them, stays up, and the pipeline serves the next request."""
+    import random
+
+    async def body() -> None:
+        async with Coordinator(parse_config(simulated_config(FAST))) as coord:
+            assert coord.ipc_dir is not None
+            proc = "thinker#0"
+            epochs = dict(coord.epochs)  # a restarted process would have a new one
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(coord.graph.endpoint(proc, coord.epochs[proc], coord.ipc_dir))
+            rng = random.Random(7)
+            ref = m.ArrayRef("x", "float32", (4,), 1, 0, 16)
+            pre = ("preprocessing", "thinker", "preprocessing#0", 0, {})
+            valid = [
+                m.DataReady("f1", "nope", "thinker", "nope#0", 0, {}, [], {}, "inline"),
+                m.DataReady("f2", "preprocessing", "ghost", "preprocessing#0", 0, {}, [], {}, ""),
+                m.DataReady("f3", *pre, [ref], {}, "inline"),  # announces a frame it lacks
+                m.DataReady("f4", *pre, [ref], {}, "shm", segment="../../etc/passwd"),
+                m.StreamEnd("f5", "ghost", "thinker", {}),
+                m.DataAck("thinker", "ghost", 99),
+                m.Abort("never-seen"),
+            ]
+            frames = [m.encode(v) for v in valid]
+            frames += [rng.randbytes(rng.randrange(1, 200)) for _ in range(100)]
+            frames += [f[: rng.randrange(1, len(f))] for f in frames[: len(valid)] * 5]
+            for f in frames:
+                sock.send(f)
+            sock.close()
+            ctx.term()
+            await asyncio.sleep(timeout(1.0))
+            assert all(p.poll() is None for p in coord._procs.values())
+            assert coord.epochs == epochs
+            check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
+            await all_slots_free(coord)
+            assert coord.epochs == epochs
+
+    run(body())

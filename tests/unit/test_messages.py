@@ -118,3 +118,39 @@ def test_receive_takes_exactly_a_messages_frames(copy: bool) -> None:
         assert m.receive(inbox, copy) is None
     finally:
         ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def pair():  # type: ignore[no-untyped-def]
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://malformed")
+    push.connect("inproc://malformed")
+    yield push, pull
+    push.close(0)
+    pull.close(0)
+    ctx.term()
+
+
+def wait_readable(sock: zmq.Socket) -> None:
+    assert sock.poll(2000) & zmq.POLLIN
+
+
+def test_a_short_forged_or_overlong_message_raises_malformed_and_the_next_one_reads(pair) -> None:  # type: ignore[no-untyped-def]
+    """Before, a message announcing a frame it lacked made `receive` block for ever (the
+    coordinator's event loop with it); now every bad message is dropped whole."""
+    push, pull = pair
+    announces_one = SAMPLES[0]  # its second ArrayRef lives in frame 1
+    good = SAMPLES[1]
+    push.send(m.encode(announces_one))  # the frame it announces never comes
+    push.send(b"\xc1 not msgpack")
+    push.send_multipart([m.encode(good), b"extra", b"frames"])
+    push.send(m.encode(good))
+    for _ in range(3):
+        wait_readable(pull)
+        with pytest.raises(m.Malformed):
+            m.receive(pull)
+    wait_readable(pull)
+    got = m.receive(pull)
+    assert got is not None and got[0] == good and len(got[1]) == 1
+    assert m.receive(pull) is None
