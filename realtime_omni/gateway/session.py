@@ -398,6 +398,12 @@ class Session:
             self.playout.clear(resp.item.id)
             self._finish(resp, "failed", {"type": "failed", "error": {"message": str(e)}})
             return
+        except Exception as e:  # a bug: the response fails, and the session takes the next one
+            log.exception("response %s failed", resp.id)
+            self.playout.clear(resp.item.id)
+            error = {"type": "server_error", "message": f"internal error: {e}"}
+            self._finish(resp, "failed", {"type": "failed", "error": error})
+            return
         self._finish(resp, "completed", None)
 
     async def _hold_lead(self) -> None:
@@ -520,6 +526,8 @@ class Session:
             event = json.loads(raw)
         except json.JSONDecodeError as e:
             return _error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
+        except RecursionError:
+            return _error(ProtocolError("JSON nested too deeply", code="invalid_json"))
         client_id = event.get("event_id") if isinstance(event, dict) else None
         client_id = client_id if isinstance(client_id, str) else None
         try:

@@ -311,3 +311,50 @@ def test_an_outgrown_conversation_is_truncated_by_its_rule_and_the_client_told()
         await s.close()
 
     run(check())
+
+
+def test_deeply_nested_json_is_an_error_event_not_a_crash() -> None:
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1))
+        err = await s.handle_text("[" * 200_000 + "]" * 200_000, 1 << 20)
+        assert err is not None and err["error"]["code"] == "invalid_json"
+        await s.close()
+
+    run(body())
+
+
+class BadStream(FakeStream):
+    """An output the session's own handling breaks on (not an OmniError)."""
+
+    async def __anext__(self) -> Output:
+        if self.taken:
+            raise StopAsyncIteration
+        self.taken = 1
+        return Output("code2wav", {"pcm": "not audio", "token_time": time.monotonic()})
+
+
+class BadOutputCoord(FakeCoord):
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
+        stream = await super().submit(payload, request_id)
+        if len(self.payloads) == 1:  # the first response only
+            assert request_id is not None
+            self.streams[request_id] = stream = BadStream(self.chunks, self.gap_s)
+        return stream
+
+
+def test_a_response_that_fails_on_a_bug_ends_and_the_next_one_runs() -> None:
+    async def body() -> None:
+        coord = BadOutputCoord(chunks=2)
+        s = Session(coord)
+        await s.handle({"type": "session.update", "session": {"turn_detection": None}})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None)
+        done = [e for e in s.pending_events() if e["type"] == "response.done"]
+        assert done[-1]["response"]["status"] == "failed"
+        await s.handle({"type": "response.create"})  # refused while the first stayed active
+        await settle(s, lambda: s.active_response is None, read=24000)
+        done = [e for e in s.pending_events() if e["type"] == "response.done"]
+        assert done[-1]["response"]["status"] == "completed"
+        await s.close()
+
+    run(body())
