@@ -50,6 +50,8 @@ class GatewayConfig:
     send_ahead_ms: float = 100.0  # WebSocket audio sent ahead of real time (client jitter)
     entry_slot_bytes: int = 4 << 20  # a turn's payload limit (conversation audio and images),
     # used when the pipeline config sets no `client -> entry` edge of its own
+    max_session_bytes: int = 32 << 20  # a session's audio and images; the oldest items go past
+    # it (announced with conversation.item.deleted), so a client cannot grow a session for ever
     vad: bool = True  # load silero-vad; off only for tests without torch
     # WebRTC. STUN/TURN servers for the calls' ICE, in the browser's RTCIceServer shape:
     # [{"urls": "turn:turn.example.com:3478", "username": "u", "credential": "p"}]. Empty: host
@@ -126,6 +128,7 @@ class Gateway:
             output_rate_hz=output_rate_hz,
             max_lead_ms=self.config.max_lead_ms,
             max_payload_bytes=entry.slot_bytes - 64 * 1024,  # room for alignment padding
+            max_session_bytes=self.config.max_session_bytes,
         )
 
 

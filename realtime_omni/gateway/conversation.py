@@ -87,10 +87,18 @@ class Item:
         }
 
 
+MAX_BYTES = 32 << 20  # a session's audio and images (about 8 min of 16 kHz float32 audio)
+
+
 class Conversation:
-    def __init__(self, max_items: int = MAX_ITEMS) -> None:
+    """The items of one session, bounded: past `max_items` items or `max_bytes` of audio and
+    images the oldest go; their ids wait in `dropped` for the session to announce."""
+
+    def __init__(self, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES) -> None:
         self.items: list[Item] = []
         self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.dropped: list[str] = []
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert after `previous_item_id` (default: at the end); returns the id it follows."""
@@ -99,8 +107,16 @@ class Conversation:
             at = self.index(previous_item_id) + 1
         prev = self.items[at - 1].id if at > 0 else None
         self.items.insert(at, item)
-        del self.items[: max(0, len(self.items) - self.max_items)]
+        while len(self.items) > 1 and (
+            len(self.items) > self.max_items or self.array_bytes() > self.max_bytes
+        ):
+            old = self.items.pop(0 if self.items[0] is not item else 1)
+            self.dropped.append(old.id)
         return prev
+
+    def take_dropped(self) -> list[str]:
+        gone, self.dropped = self.dropped, []
+        return gone
 
     def index(self, item_id: str) -> int:
         for i, it in enumerate(self.items):

@@ -54,7 +54,7 @@ import numpy as np
 
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
-from realtime_omni.gateway.conversation import Conversation, Item, Part, new_id
+from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Part, new_id
 from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
 from realtime_omni.gateway.protocol import (
@@ -112,6 +112,7 @@ class Session:
         output_rate_hz: int | None = None,
         max_lead_ms: float = 2000.0,
         max_payload_bytes: int | None = None,
+        max_session_bytes: int = MAX_BYTES,
     ) -> None:
         self.coord = coord
         self.id = new_id("sess")
@@ -119,7 +120,7 @@ class Session:
         self._fixed_rate = output_rate_hz
         self.max_lead_ms = max_lead_ms
         self.max_payload_bytes = max_payload_bytes
-        self.conversation = Conversation()
+        self.conversation = Conversation(max_bytes=max_session_bytes)
         self.playout = Playout(output_rate_hz or self.settings.output_format.rate_hz)
         self.metrics: dict[str, deque[float]] = {
             k: deque(maxlen=_METRIC_LEN)
@@ -269,9 +270,17 @@ class Session:
             except ProtocolError as e:  # no client event to answer: tell it all the same
                 self._events.put_nowait(_error(e))
 
+    def _add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Add to the conversation; announce what its bounds dropped to make room."""
+        prev = self.conversation.add(item, previous_item_id)
+        for item_id in self.conversation.take_dropped():
+            self._item_response.pop(item_id, None)
+            self._emit("conversation.item.deleted", item_id=item_id)
+        return prev
+
     def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
         item = Item(item_id, "user", [Part("audio", audio=pcm)])
-        prev = self.conversation.add(item)
+        prev = self._add(item)
         self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item_id)
         self._emit_item_added(item, prev)
 
@@ -346,7 +355,7 @@ class Session:
         self._response = resp
         self._item_response[item.id] = resp.id
         self._emit("response.created", response=self._response_obj(resp, "in_progress"))
-        prev = self.conversation.add(item)
+        prev = self._add(item)
         self._emit(
             "response.output_item.added", response_id=resp.id, output_index=0, item=item.to_openai()
         )
@@ -578,7 +587,7 @@ class Session:
         item = parse_item(ev.get("item"), self.settings.input_format)
         prev = ev.get("previous_item_id")
         try:
-            prev = self.conversation.add(item, prev)
+            prev = self._add(item, prev)
         except KeyError:
             raise ProtocolError(
                 f"previous_item_id {prev!r} is not in the conversation",

@@ -358,3 +358,23 @@ def test_a_response_that_fails_on_a_bug_ends_and_the_next_one_runs() -> None:
         await s.close()
 
     run(body())
+
+
+def test_a_session_keeps_at_most_its_bytes_and_says_what_it_dropped() -> None:
+    """Before, only 256 items bounded a session: about 2 GB of float32 audio."""
+
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1), max_session_bytes=50_000)
+        await s.handle({"type": "session.update", "session": {"turn_detection": None}})
+        events = []
+        for _ in range(4):
+            s.push_audio(np.full(7200, 0.1, np.float32), 24000)  # 19,200 B at 16 kHz
+            await s.handle({"type": "input_audio_buffer.commit"})
+            events += s.pending_events()
+        ids = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+        deleted = [e["item_id"] for e in events if e["type"] == "conversation.item.deleted"]
+        assert s.conversation.array_bytes() <= 50_000
+        assert [it.id for it in s.conversation.items] == ids[2:] and deleted == ids[:2]
+        await s.close()
+
+    run(body())
