@@ -10,7 +10,9 @@ Routes (`routes()`, mounted by `app.create_app`):
 
 Refusals are JSON `{"error": {"message", "code"}}`: 400 a malformed body or SDP (the reason in
 the message), 404 an unknown session, 413 an offer over `MAX_OFFER_BYTES`, 415 WHIP without
-`application/sdp`, 503 the server at `max_sessions` (WebSocket sessions count too).
+`application/sdp`, 503 the server at `max_sessions` (WebSocket sessions count too) with every
+call connected: at the limit, a new offer takes the place of the oldest call that has not
+connected yet, which ends.
 
 A call: the client's audio track (Opus, decoded by aiortc to 48 kHz) feeds `Session.push_audio`;
 its video, when sent, the session's latest frame; the server's track plays the session's voice
@@ -266,11 +268,19 @@ class WebRtcCalls:
         failed offer leaves nothing behind."""
         limit = self.gw.config.max_sessions
         if len(self.gw.sessions) >= limit:
-            raise SignallingError(
-                503,
-                f"the server is at its limit of {limit} sessions; try again later",
-                "too_many_sessions",
-            )
+            # An offer that never connected (no ICE yet) yields its place to a new one, oldest
+            # first: unanswered POSTs cannot lock callers out for CONNECT_TIMEOUT_S each.
+            pending = [c for c in self.calls.values() if not c.connected.is_set()]
+            if not pending:
+                raise SignallingError(
+                    503,
+                    f"the server is at its limit of {limit} sessions; try again later",
+                    "too_many_sessions",
+                )
+            old = pending[0]
+            self.forget(old)  # out of the registry and the count now; it closes in the background
+            self.gw.sessions.discard(old.session)
+            old.end("its place went to a newer offer before it connected")
         session = self.gw.new_session(output_rate_hz=PLAYOUT_RATE_HZ)
         self.gw.sessions.add(session)  # before any await: the limit holds under a burst
         call = WebRtcCall(self, session)
