@@ -249,9 +249,17 @@ def decode_b64(data: Any, param: str) -> bytes:
     if not isinstance(data, str):
         raise ProtocolError(f"{param} must be a base64 string", param=param)
     try:
-        return base64.b64decode(data, validate=True)
+        if len(data) <= _B64_PIECE:
+            return base64.b64decode(data, validate=True)
+        # In pieces (whole 4-character groups): from a worker thread, each piece holds the GIL
+        # for a millisecond or two instead of the whole decode (14 ms for 8 MB).
+        pieces = range(0, len(data), _B64_PIECE)
+        return b"".join(base64.b64decode(data[i : i + _B64_PIECE], validate=True) for i in pieces)
     except (binascii.Error, ValueError):
         raise ProtocolError(f"{param} is not valid base64", param=param) from None
+
+
+_B64_PIECE = 1 << 19  # characters, a multiple of 4
 
 
 def event_id() -> str:
@@ -351,7 +359,9 @@ def _decode_image(url: Any, param: str) -> np.ndarray:
 
     raw = decode_b64(url.split(",", 1)[1], param)
     try:
-        img = Image.open(io.BytesIO(raw)).convert("RGB")
+        img = Image.open(io.BytesIO(raw))
+        img.draft("RGB", (MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))  # JPEG: decode at a reduced size
+        img = img.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ProtocolError(f"{param}: not an image ({e})", param=param) from None
     img.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))

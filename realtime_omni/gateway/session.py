@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 _METRIC_LEN = 1000  # samples kept per metric
+BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
+VAD_WINDOWS_PER_PASS = 32  # 1 s of 32 ms windows judged per model pass
 
 
 class VadModel(Protocol):
@@ -223,12 +225,15 @@ class Session:
             windows = [w for c in chunks for w in self._windower.push(c)]
             if not windows or self._vad_model is None or self.settings.turn_detection is None:
                 continue
-            probs = await self._vad_model.probs(windows)
-            for p in probs:
-                self._vad_samples += len(windows[0])
-                ev = self._vad.feed(p)
-                if ev is not None:
-                    self._on_vad(ev)
+            # A second of windows at a time: a minute appended at once is judged in steps, with
+            # the event loop (every call's audio) free between them.
+            for i in range(0, len(windows), VAD_WINDOWS_PER_PASS):
+                part = windows[i : i + VAD_WINDOWS_PER_PASS]
+                for p in await self._vad_model.probs(part):
+                    self._vad_samples += len(part[0])
+                    ev = self._vad.feed(p)
+                    if ev is not None:
+                        self._on_vad(ev)
             if not self._vad.speaking and self.settings.turn_detection is not None:
                 pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
                 self.input.trim(self._vad_samples - pad - len(windows[0]))
@@ -559,9 +564,20 @@ class Session:
         self._emit("session.updated", session=s.to_openai(self.id))
 
     async def _append(self, ev: dict[str, Any]) -> None:
-        data = decode_b64(ev.get("audio"), "audio")
+        audio = ev.get("audio")
+        if isinstance(audio, str) and len(audio) > BIG_B64:  # megabytes: off the event loop
+            data = await asyncio.to_thread(decode_b64, audio, "audio")
+        else:
+            data = decode_b64(audio, "audio")
         fmt = self.settings.input_format
-        self.push_audio(fmt.decode(data), fmt.rate_hz)
+        pcm = fmt.decode(data)
+        # Half a second at a time, yielding between: a long append's resampling never holds the
+        # event loop (every other call's audio) for more than a fraction of a millisecond.
+        step = fmt.rate_hz // 2
+        for i in range(0, len(pcm), step):
+            if i:
+                await asyncio.sleep(0)
+            self.push_audio(pcm[i : i + step], fmt.rate_hz)
 
     async def _commit(self, ev: dict[str, Any]) -> None:
         pcm = self.input.slice(self.input.start, self.input.end)
@@ -584,7 +600,9 @@ class Session:
         self._emit("output_audio_buffer.cleared", response_id=self.active_response)
 
     async def _item_create(self, ev: dict[str, Any]) -> None:
-        item = parse_item(ev.get("item"), self.settings.input_format)
+        # Off the event loop: base64, audio conversion and image decoding of a large item (a
+        # 6000x6000 PNG took 0.34 s) must not stall every other call's audio.
+        item = await asyncio.to_thread(parse_item, ev.get("item"), self.settings.input_format)
         prev = ev.get("previous_item_id")
         try:
             prev = self._add(item, prev)

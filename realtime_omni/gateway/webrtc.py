@@ -304,7 +304,7 @@ class WebRtcCalls:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Calls live and made, and the output frames sent and late, ended calls included."""
         live = list(self.calls.values())
         return {
@@ -313,6 +313,10 @@ class WebRtcCalls:
             "frames": self.totals["frames"] + sum(c.track.frames for c in live),
             "frames_late": self.totals["frames_late"] + sum(c.track.frames_late for c in live),
             "resyncs": self.totals["resyncs"] + sum(c.track.resyncs for c in live),
+            # The latest frames of the live calls: the most any left after its due time.
+            "lateness_ms_max": round(
+                max((x for c in live for x in c.track.lateness_ms), default=0), 1
+            ),
         }
 
     async def close(self) -> None:
