@@ -578,10 +578,12 @@ class Coordinator:
             f"stage process {process} ({', '.join(stages)}) died while the request needed it"
         )
         for req in list(self._requests.values()):
+            if process not in self._route_processes(req.route):
+                continue  # on another replica: its stages there still owe their acks
             if req.abort_waiting is not None:
                 req.abort_waiting.difference_update(stages)
                 self._check_abort(req)
-            elif process in self._route_processes(req.route) and not set(stages) <= req.done:
+            elif not set(stages) <= req.done:
                 self._fail(req, error)
         self._credit.set()
         if process in self._procs and self.cfg.runtime.restart_stages:

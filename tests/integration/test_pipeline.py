@@ -440,3 +440,37 @@ def test_forged_garbled_and_truncated_messages_neither_kill_nor_block_a_stage() 
             assert coord.epochs == epochs
 
     run(body())
+
+
+def test_a_dead_replica_does_not_cut_short_the_abort_of_a_request_on_another() -> None:
+    """Request b's talker replica is frozen (SIGSTOP), so b's abort waits for its ack; then
+    request a's replica is killed. b's abort must still wait for its own replica (before, the
+    death took the talker off every abort's wait and b's abort returned unacknowledged)."""
+    cfg = simulated_config(FAST)
+    talker = cfg["stages"]["talker_ar"]
+    talker["replicas"] = 2
+    # A slow talker: the thinker has handed over all 4 tokens (and been acked) long before the
+    # talker is done, so once it is frozen only the talker owes b's abort an ack.
+    talker["params"].update(first_step_ms=20, step_ms=200, per_request_ms=0)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            a = await coord.submit({"max_tokens": 4})
+            b = await coord.submit({"max_tokens": 4})
+            ra, rb = (coord._requests[s.request_id].route["talker_ar"] for s in (a, b))
+            assert ra != rb, "both requests on one replica: the test shows nothing"
+            frozen = coord._procs[f"talker_ar#{rb}"]
+            await asyncio.sleep(0.3)  # both streaming
+            os.kill(frozen.pid, signal.SIGSTOP)
+            try:
+                aborting = asyncio.create_task(coord.abort(b.request_id))
+                await asyncio.sleep(0.3)
+                assert not aborting.done()
+                os.kill(coord._procs[f"talker_ar#{ra}"].pid, signal.SIGKILL)
+                await asyncio.sleep(0.5)  # the death is seen within 50 ms
+                assert not aborting.done(), "b's abort returned before its replica acked"
+            finally:
+                os.kill(frozen.pid, signal.SIGCONT)
+            await asyncio.wait_for(aborting, timeout(5))
+
+    run(body())
