@@ -492,6 +492,12 @@ class Coordinator:
                     self._track(self._peer_up(p))
             case m.Heartbeat(process=p):
                 self._last_beat[p] = time.monotonic()
+                if p in self._down and p not in self._procs:
+                    # Declared dead while alive (no heartbeat for heartbeat_timeout_s): its
+                    # peers dropped it and its requests failed, so its state is not to be
+                    # trusted. It exits; started again (by its host), its Ready brings it back.
+                    log.warning("%s beats again after it was declared dead: shutting it down", p)
+                    self._send(p, m.Shutdown())
             case m.PeerUpAck(process=who, peer=peer):
                 waiting = self._peer_up_waiting.get(peer)
                 if waiting is not None:

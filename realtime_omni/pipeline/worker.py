@@ -224,7 +224,7 @@ class Worker:
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         beat_every = self.cfg.runtime.heartbeat_interval_s
-        next_beat = time.monotonic() + beat_every
+        self._next_beat = time.monotonic() + beat_every
         fd = self.inbox.getsockopt(zmq.FD)
         control = threading.Thread(target=self._control, args=(fd,), name="control", daemon=True)
         self._lock.acquire()
@@ -233,12 +233,9 @@ class Worker:
             while self.running:
                 busy = self._drain()
                 busy |= self._work()
-                now = time.monotonic()
-                if now >= next_beat:
-                    next_beat = now + beat_every
-                    self._to_coordinator(m.Heartbeat(self.me, self.args.epoch))
-                    if self.args.watch_parent and os.getppid() != parent:
-                        break  # the coordinator is gone: nothing will ever ask us again
+                gone = self.args.watch_parent and os.getppid() != parent
+                if self._beat() and gone:
+                    break  # the coordinator is gone: nothing will ever ask us again
                 if not busy and self.running:
                     self._lock.release()
                     try:
@@ -250,6 +247,17 @@ class Worker:
             self._lock.release()
             control.join()
             self.close()
+
+    def _beat(self) -> bool:
+        """Send the heartbeat when it is due (under the lock: from the loop between steps, and
+        from the control thread during a step, so a step longer than `heartbeat_timeout_s`
+        does not get a live process declared dead). Whether it was due."""
+        now = time.monotonic()
+        if now < self._next_beat:
+            return False
+        self._next_beat = now + self.cfg.runtime.heartbeat_interval_s
+        self._to_coordinator(m.Heartbeat(self.me, self.args.epoch))
+        return True
 
     def _control(self, fd: int) -> None:
         """While a stage steps, drain the inbox (under the lock) as soon as a message arrives.
@@ -263,6 +271,7 @@ class Worker:
             with self._lock:
                 if not (self._stepping.is_set() and self.running):
                     continue
+                self._beat()
                 if self.inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     self._drain()
                     continue

@@ -121,3 +121,30 @@ def test_a_stage_on_another_host_runs_over_tcp(tmp_path) -> None:
             remote.wait()
 
     run(body(), limit_s=90)
+
+
+def test_a_remote_stage_in_a_step_longer_than_the_heartbeat_timeout_stays_alive(tmp_path) -> None:
+    """The remote talker's first step takes 2.5 s, the heartbeat timeout is 1 s: it beats from
+    its control thread during the step, so it is not declared dead (before, it was, and every
+    request through it failed with StageDied)."""
+    cfg = simulated_config(FAST, base_port=_free_port_block(10), heartbeat_timeout_s=1.0)
+    cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
+    cfg["stages"]["talker_ar"]["host"] = "box-b"
+    cfg["stages"]["talker_ar"]["params"]["first_step_ms"] = 2500
+    path = tmp_path / "two-hosts.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, "-m", "realtime_omni.cli", "stage", "--config", str(path),
+               "--process", "talker_ar#0"]  # fmt: skip
+
+    async def body() -> None:
+        remote = subprocess.Popen(command, cwd=ROOT)
+        try:
+            async with Coordinator(parse_config(cfg)) as coord:
+                check_complete(await (await coord.submit({"max_tokens": 4})).collect(), 4)
+                assert not coord._down
+                await all_slots_free(coord)
+        finally:
+            remote.kill()
+            remote.wait()
+
+    run(body(), limit_s=60)
