@@ -233,8 +233,7 @@ class Worker:
             while self.running:
                 busy = self._drain()
                 busy |= self._work()
-                gone = self.args.watch_parent and os.getppid() != parent
-                if self._beat() and gone:
+                if self._beat() and self.args.watch_parent and os.getppid() != parent:
                     break  # the coordinator is gone: nothing will ever ask us again
                 if not busy and self.running:
                     self._lock.release()
