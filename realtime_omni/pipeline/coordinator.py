@@ -47,7 +47,12 @@ from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import PipelineConfig
 from realtime_omni.pipeline.graph import Graph, group_of
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload, copy_payload
-from realtime_omni.pipeline.shm import clean_stale_segments, segment_name, unlink_segments
+from realtime_omni.pipeline.shm import (
+    OwnerLock,
+    clean_stale_segments,
+    segment_name,
+    unlink_segments,
+)
 from realtime_omni.pipeline.worker import ARGS_ENV, MAX_DRAIN, SNDHWM, WorkerArgs
 
 log = logging.getLogger(__name__)
@@ -165,6 +170,7 @@ class Coordinator:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         clean_stale_segments()
+        self._owner_lock = OwnerLock(self.owner_pid)  # our segments are not stale while we run
         rt = self.cfg.runtime
         if rt.ipc_dir:
             self.ipc_dir = Path(rt.ipc_dir)
@@ -272,6 +278,8 @@ class Coordinator:
             self.outlet.close()
             self.inlet.close()
         unlink_segments(segment_name(self.owner_pid, ""))
+        if getattr(self, "_owner_lock", None) is not None:
+            self._owner_lock.release()
         if hasattr(self, "zmq"):
             for s in self.peers.values():
                 s.close(linger=0)

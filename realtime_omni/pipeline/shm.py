@@ -3,20 +3,23 @@ server left behind.
 
 Segments are plain files in /dev/shm opened with os.open and mmap (not
 multiprocessing.shared_memory, whose resource tracker unlinks segments it merely attached to).
-Names: `rto_<owner pid>_<tag>`, where the owner is the coordinator's process; a segment whose owner
-no longer runs is stale.
+Names: `rto_<owner pid>_<tag>`, where the owner is the coordinator's process. A live owner holds
+an exclusive `flock` on `rto-owner_<pid>` (`OwnerLock`) for its lifetime, and a segment is stale
+only when that lock can be taken: a pid alone says nothing across PID namespaces (containers
+sharing /dev/shm with `ipc: host` see other pids), and segments without a lock, or that this user
+may not remove, are left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import re
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "rto_"
@@ -84,14 +87,59 @@ def list_segments(owner_pid: int | None = None) -> list[str]:
         return []
 
 
+OWNER = "rto-owner_"  # + pid: the lock file a live owner holds
+
+
+class OwnerLock:
+    """Held by a coordinator while it runs: its segments are not stale (see the module doc).
+    The kernel drops the lock when the process dies, however it dies."""
+
+    def __init__(self, owner_pid: int) -> None:
+        self.path = SHM_DIR / f"{OWNER}{owner_pid}"
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _owner_gone(pid: str) -> bool:
+    """Whether the owner `pid` is known to be gone: its lock file exists and nobody holds it."""
+    try:
+        fd = os.open(SHM_DIR / f"{OWNER}{pid}", os.O_RDWR)
+    except OSError:
+        return False  # no lock: another version's or another user's segment; leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False  # held: the owner is alive, whatever its pid means here
+    finally:
+        os.close(fd)
+
+
 def clean_stale_segments() -> list[str]:
-    """Unlink every segment whose owner process is gone; gives their names."""
+    """Unlink every segment (and lock file) of owners known to be gone; gives their names."""
     removed = []
+    gone: dict[str, bool] = {}
     for name in list_segments():
         pid = name[len(PREFIX) :].split("_", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            (SHM_DIR / name).unlink(missing_ok=True)
-            removed.append(name)
+        if pid.isdigit() and gone.setdefault(pid, _owner_gone(pid)):
+            with contextlib.suppress(OSError):  # another user's: not ours to remove
+                (SHM_DIR / name).unlink(missing_ok=True)
+                removed.append(name)
+    with contextlib.suppress(FileNotFoundError):  # lock files whose segments went already
+        for p in SHM_DIR.iterdir():
+            pid = p.name[len(OWNER) :]
+            if p.name.startswith(OWNER) and pid.isdigit() and pid not in gone:
+                gone[pid] = _owner_gone(pid)
+    for pid, dead in gone.items():
+        if dead:
+            with contextlib.suppress(OSError):
+                (SHM_DIR / f"{OWNER}{pid}").unlink(missing_ok=True)
     return removed
 
 

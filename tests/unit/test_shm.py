@@ -107,17 +107,31 @@ def test_list_segments(tag: str, dead_pid: int) -> None:
     assert a.name not in list_segments()
 
 
-def test_clean_stale_segments(tag: str, dead_pid: int) -> None:
+def test_clean_stale_segments_by_the_owners_lock_not_its_pid(tag: str, dead_pid: int) -> None:
+    """A segment is stale when its owner's lock file is there and nobody holds it (the owner
+    died). A held lock keeps segments whatever the pid says: the owner may live in another PID
+    namespace sharing /dev/shm, where before its segments were deleted under it. A segment with
+    no lock at all is left alone."""
+    from realtime_omni.pipeline.shm import OWNER, SHM_DIR, OwnerLock
+
+    other_ns, no_lock = dead_pid + 1, dead_pid + 2  # pids this namespace does not have
     stale = Segment(segment_name(dead_pid, tag, "stale"), 64, create=True)
-    live = Segment(segment_name(PID, tag, "live"), 64, create=True)
-    stale.close()
-    live.close()
-    removed = clean_stale_segments()
-    assert stale.name in removed
-    assert live.name not in removed
-    assert not stale.path.exists()
-    assert live.path.exists()
-    live.unlink()
+    foreign = Segment(segment_name(other_ns, tag, "live"), 64, create=True)
+    orphan = Segment(segment_name(no_lock, tag, "orphan"), 64, create=True)
+    (SHM_DIR / f"{OWNER}{dead_pid}").touch()  # what a killed owner leaves: the file, no lock
+    held = OwnerLock(other_ns)  # as if held by a live owner elsewhere
+    for seg in (stale, foreign, orphan):
+        seg.close()
+    try:
+        removed = clean_stale_segments()
+        assert stale.name in removed and not stale.path.exists()
+        assert not (SHM_DIR / f"{OWNER}{dead_pid}").exists()
+        assert foreign.path.exists() and orphan.path.exists()
+        assert foreign.name not in removed and orphan.name not in removed
+    finally:
+        held.release()
+        for seg in (foreign, orphan):
+            seg.unlink()
 
 
 def test_unlink_segments_by_prefix(tag: str) -> None:
