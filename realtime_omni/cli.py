@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     stage = sub.add_parser("stage", help="run one stage process of a multi-host pipeline")
     stage.add_argument("--config", required=True)
     stage.add_argument("--process", required=True, help="group#replica, e.g. talker_ar#0")
+    sub.add_parser("keygen", help="print a new CurveZMQ secret key for a multi-host pipeline")
     args = parser.parse_args(argv)
+    if args.command == "keygen":
+        from realtime_omni.pipeline.sockets import keygen
+
+        print(keygen())
+        return 0
     try:
         if args.command == "serve":
             return _serve(args)

@@ -124,6 +124,13 @@ class RuntimeConfig(_Strict):
         default=47100, ge=1024, le=65000, description="First TCP port when `hosts` are used."
     )
     bind_host: str = Field(default="127.0.0.1", description="This machine's address for TCP.")
+    curve_secret_env: str = Field(
+        default="REALTIME_OMNI_CURVE_SECRET",
+        description="The environment variable holding the deployment's CurveZMQ secret key (40 "
+        "Z85 characters, the same on every host; `realtime-omni keygen` makes one). Required "
+        "with `hosts`: over TCP every control-plane connection is authenticated and encrypted "
+        "with it. Never put the key in the file.",
+    )
     stage_nice: int = Field(
         default=0,
         ge=0,

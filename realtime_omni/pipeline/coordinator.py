@@ -44,6 +44,7 @@ from realtime_omni.errors import (
     StartupError,
 )
 from realtime_omni.pipeline import messages as m
+from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import PipelineConfig
 from realtime_omni.pipeline.graph import Graph, group_of
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload, copy_payload
@@ -53,7 +54,7 @@ from realtime_omni.pipeline.shm import (
     segment_name,
     unlink_segments,
 )
-from realtime_omni.pipeline.worker import ARGS_ENV, MAX_DRAIN, SNDHWM, WorkerArgs
+from realtime_omni.pipeline.worker import ARGS_ENV, MAX_DRAIN, WorkerArgs
 
 log = logging.getLogger(__name__)
 _MONITOR_S = 0.05  # sentinel poll period of the monitor thread
@@ -182,10 +183,11 @@ class Coordinator:
         # Plain sockets, driven by the loop in `_receive`: pyzmq's asyncio sockets cost about
         # 40 us per message received and 9 us per message sent, against 4 and 2 us.
         self.zmq = zmq.Context()
-        self.inbox = self.zmq.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.RCVHWM, 0)  # bounded by credits, see worker.SNDHWM
-        self.inbox.bind(self.graph.endpoint(m.CLIENT, 0, self.ipc_dir))
-        self.peers: dict[str, zmq.Socket] = {}  # sends never wait: see worker.SNDHWM
+        self.secret = sockets.curve_secret(self.cfg)
+        self.inbox = sockets.inbox(
+            self.zmq, self.graph.endpoint(m.CLIENT, 0, self.ipc_dir), self.secret
+        )
+        self.peers: dict[str, zmq.Socket] = {}  # sends never wait: see sockets.SNDHWM
         entry_edge = self.graph.edge(m.CLIENT, self.graph.entry)
         self.outlet = Outlet(
             entry_edge,
@@ -428,11 +430,8 @@ class Coordinator:
         assert self.ipc_dir is not None
         sock = self.peers.get(process)
         if sock is None:
-            sock = self.zmq.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, SNDHWM)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.graph.endpoint(process, self.epochs[process], self.ipc_dir))
-            self.peers[process] = sock
+            endpoint = self.graph.endpoint(process, self.epochs[process], self.ipc_dir)
+            sock = self.peers[process] = sockets.peer(self.zmq, endpoint, self.secret)
         m.send(sock, msg, frames)
 
     async def _receive(self) -> None:

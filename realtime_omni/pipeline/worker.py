@@ -26,8 +26,9 @@ from typing import Any
 import msgspec
 import zmq
 
-from realtime_omni.errors import OmniError, RequestError
+from realtime_omni.errors import ConfigError, OmniError, RequestError
 from realtime_omni.pipeline import messages as m
+from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.executor import Emit, StageContext, load_executor
 from realtime_omni.pipeline.graph import Edge, Graph, group_of
@@ -37,9 +38,6 @@ from realtime_omni.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 
-# ZMQ send queues: what can be in flight is bounded by the edges' credits (one message per
-# payload, one ack per payload) plus a few control messages per request, so this never binds.
-SNDHWM = 100_000
 MAX_DRAIN = 1000  # messages read per loop turn before stepping the stages again
 STEP_LOG = 512  # executor steps remembered per stage (start, duration) for Stats
 CONTROL_WAIT_S = 0.05  # the control thread's longest wait on the inbox between checks
@@ -85,8 +83,11 @@ def worker_main(args: WorkerArgs) -> None:
         cfg = parse_config(args.config)
         graph = Graph(cfg)
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.PUSH)
-        sock.connect(graph.endpoint(m.CLIENT, 0, Path(args.ipc_dir)))
+        try:
+            secret = sockets.curve_secret(cfg)
+        except ConfigError:
+            secret = None  # nothing to report with: the coordinator names the missing key
+        sock = sockets.peer(ctx, graph.endpoint(m.CLIENT, 0, Path(args.ipc_dir)), secret)
         stages = ",".join(graph.groups[group_of(args.process)].stages)
         sock.send(m.encode(m.StageError("", stages, f"{type(e).__name__}: {e}")))
         sock.close(linger=2000)
@@ -132,9 +133,10 @@ class Worker:
             os.environ[var] = threads
 
         self.zmq = zmq.Context()
-        self.inbox = self.zmq.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.RCVHWM, 0)  # bounded by credits, see SNDHWM
-        self.inbox.bind(self.graph.endpoint(self.me, args.epoch, self.ipc_dir))
+        self.secret = sockets.curve_secret(self.cfg)
+        self.inbox = sockets.inbox(
+            self.zmq, self.graph.endpoint(self.me, args.epoch, self.ipc_dir), self.secret
+        )
         self.peers: dict[str, zmq.Socket] = {}
         # Copying small frames out is faster than pyzmq's zero-copy frames; only TCP edges
         # carry large inline payloads, where zero-copy pays.
@@ -190,11 +192,8 @@ class Worker:
             return None
         sock = self.peers.get(process)
         if sock is None:
-            sock = self.zmq.socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, SNDHWM)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.graph.endpoint(process, self.epochs.get(process, 0), self.ipc_dir))
-            self.peers[process] = sock
+            endpoint = self.graph.endpoint(process, self.epochs.get(process, 0), self.ipc_dir)
+            sock = self.peers[process] = sockets.peer(self.zmq, endpoint, self.secret)
         return sock
 
     def _send(self, process: str, msg: m.Message, frames: Sequence[Any] = ()) -> None:

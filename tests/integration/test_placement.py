@@ -78,7 +78,17 @@ def _free_port_block(n: int) -> int:
     raise RuntimeError("no free port block")
 
 
-def test_a_stage_on_another_host_runs_over_tcp(tmp_path) -> None:
+@pytest.fixture
+def curve_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The deployment's CurveZMQ key in the environment (the stage processes inherit it)."""
+    from realtime_omni.pipeline.sockets import keygen
+
+    key = keygen()
+    monkeypatch.setenv("REALTIME_OMNI_CURVE_SECRET", key)
+    return key
+
+
+def test_a_stage_on_another_host_runs_over_tcp(tmp_path, curve_key) -> None:
     cfg = simulated_config(FAST, base_port=_free_port_block(10), heartbeat_timeout_s=1.0)
     cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
     cfg["stages"]["talker_ar"]["host"] = "box-b"
@@ -123,7 +133,9 @@ def test_a_stage_on_another_host_runs_over_tcp(tmp_path) -> None:
     run(body(), limit_s=90)
 
 
-def test_a_remote_stage_in_a_step_longer_than_the_heartbeat_timeout_stays_alive(tmp_path) -> None:
+def test_a_remote_stage_in_a_step_longer_than_the_heartbeat_timeout_stays_alive(
+    tmp_path, curve_key
+) -> None:
     """The remote talker's first step takes 2.5 s, the heartbeat timeout is 1 s: it beats from
     its control thread during the step, so it is not declared dead (before, it was, and every
     request through it failed with StageDied)."""
@@ -148,3 +160,53 @@ def test_a_remote_stage_in_a_step_longer_than_the_heartbeat_timeout_stays_alive(
             remote.wait()
 
     run(body(), limit_s=60)
+
+
+def test_over_tcp_only_holders_of_the_curve_key_reach_a_stage(
+    tmp_path, curve_key, monkeypatch
+) -> None:
+    """A stranger who reaches a stage's TCP port without the key sends Shutdown (and garbage):
+    nothing is delivered, the pipeline serves on. Without a key, a TCP config does not start."""
+    import zmq
+
+    from realtime_omni.errors import ConfigError
+    from realtime_omni.pipeline import messages as m
+
+    cfg = simulated_config(FAST, base_port=_free_port_block(10))
+    cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
+    cfg["stages"]["talker_ar"]["host"] = "box-b"
+    path = tmp_path / "two-hosts.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, "-m", "realtime_omni.cli", "stage", "--config", str(path),
+               "--process", "talker_ar#0"]  # fmt: skip
+
+    async def body() -> None:
+        remote = subprocess.Popen(command, cwd=ROOT)
+        try:
+            async with Coordinator(parse_config(cfg)) as coord:
+                ctx = zmq.Context()
+                for proc in ("talker_ar#0", "thinker#0"):
+                    for keys in (None, zmq.curve_keypair()):  # no Curve; a key of its own
+                        sock = ctx.socket(zmq.PUSH)
+                        sock.setsockopt(zmq.LINGER, 0)
+                        if keys is not None:
+                            sock.setsockopt(
+                                zmq.CURVE_SERVERKEY, zmq.curve_public(curve_key.encode())
+                            )
+                            sock.setsockopt(zmq.CURVE_PUBLICKEY, keys[0])
+                            sock.setsockopt(zmq.CURVE_SECRETKEY, b"x" * 40)
+                        sock.connect(coord.graph.endpoint(proc, 0, tmp_path))
+                        sock.send(m.encode(m.Shutdown()), zmq.NOBLOCK)
+                        sock.close()
+                ctx.term()
+                await asyncio.sleep(timeout(1.0))
+                assert remote.poll() is None and not coord._down
+                check_complete(await (await coord.submit({"max_tokens": 5})).collect(), 5)
+        finally:
+            remote.kill()
+            remote.wait()
+
+    run(body(), limit_s=60)
+    monkeypatch.delenv("REALTIME_OMNI_CURVE_SECRET")
+    with pytest.raises(ConfigError, match="REALTIME_OMNI_CURVE_SECRET is not set"):
+        run(Coordinator(parse_config(cfg)).start())
