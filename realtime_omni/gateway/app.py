@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from realtime_omni.errors import OmniError
+from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.protocol import Settings
 from realtime_omni.gateway.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.session import Session, VadModel
@@ -82,6 +83,7 @@ class Gateway:
         self.sessions: set[Session] = set()
         self.metrics: dict[str, deque[float]] = {}  # of closed sessions, as Session.metrics
         self.vad_factory: Callable[[], VadModel] | None = None  # set by start()
+        self.exporter = Exporter()  # /metrics
 
     async def start(self) -> None:
         if self.coord is None:
@@ -129,6 +131,7 @@ class Gateway:
             max_lead_ms=self.config.max_lead_ms,
             max_payload_bytes=entry.slot_bytes - 64 * 1024,  # room for alignment padding
             max_session_bytes=self.config.max_session_bytes,
+            on_metric=self.exporter.observe,
         )
 
 
@@ -146,6 +149,19 @@ async def _health(request: Request) -> Response:
 
 async def _metrics(request: Request) -> Response:
     return JSONResponse(request.app.state.gateway.summary())
+
+
+async def _prometheus(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    body = await gw.exporter.scrape(gw, request.app.state.webrtc)
+    return Response(body, media_type=CONTENT_TYPE)
+
+
+async def _ready(request: Request) -> Response:
+    """200 while every stage process is up and ready; 503 while one is down or restarting."""
+    gw: Gateway = request.app.state.gateway
+    ready = gw.coord is not None and gw.coord.ready
+    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
 
 async def _stats(request: Request) -> Response:
@@ -206,6 +222,8 @@ def create_app(
         routes=[
             Route("/", _index),
             Route("/healthz", _health),
+            Route("/readyz", _ready),
+            Route("/metrics", _prometheus),
             Route("/v1/metrics", _metrics),
             Route("/v1/stats", _stats),
             WebSocketRoute("/v1/realtime", realtime_endpoint),

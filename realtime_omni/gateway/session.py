@@ -115,8 +115,10 @@ class Session:
         max_lead_ms: float = 2000.0,
         max_payload_bytes: int | None = None,
         max_session_bytes: int = MAX_BYTES,
+        on_metric: Callable[[str, float], None] | None = None,
     ) -> None:
         self.coord = coord
+        self.on_metric = on_metric  # each measurement as it is made (Prometheus histograms)
         self.id = new_id("sess")
         self.settings = settings or Settings()
         self._fixed_rate = output_rate_hz
@@ -185,6 +187,11 @@ class Session:
         return self._response.id if self._response else None
 
     # ---- events ------------------------------------------------------------------------
+
+    def _metric(self, name: str, value_ms: float) -> None:
+        self.metrics[name].append(value_ms)
+        if self.on_metric is not None:
+            self.on_metric(name, value_ms)
 
     def _emit(self, kind: str, **fields: Any) -> None:
         self._events.put_nowait({"type": kind, **fields})
@@ -300,16 +307,16 @@ class Session:
         r = self.playout.read(n, pad)
         now = time.monotonic()
         if self._barge_at is not None:
-            self.metrics["barge_in_to_silence_ms"].append((now - self._barge_at) * 1e3)
+            self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
             self._barge_at = None
         resp = self._response
         for cs in r.chunk_starts:
             first = resp is not None and cs.item_id == resp.item.id and resp.first_audio is None
             if first and resp is not None:
                 resp.first_audio = now
-                self.metrics["first_audio_ms"].append((now - resp.turn_end) * 1e3)
+                self._metric("first_audio_ms", (now - resp.turn_end) * 1e3)
             if first or cs.queue_was_empty:
-                self.metrics["token_to_audio_ms"].append((now - cs.token_time) * 1e3)
+                self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)
         return r
 
     # ---- responses ---------------------------------------------------------------------
@@ -491,7 +498,7 @@ class Session:
         try:
             await self.coord.abort(resp.id)
         finally:
-            self.metrics["abort_ms"].append((time.monotonic() - t0) * 1e3)
+            self._metric("abort_ms", (time.monotonic() - t0) * 1e3)
             played_ms = self.playout.played_ms(resp.item.id)
             resp.item.truncate(min(played_ms, resp.item.audio_ms))
             self.playout.forget(resp.item.id)

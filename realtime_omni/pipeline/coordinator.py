@@ -650,6 +650,11 @@ class Coordinator:
             del self._stats_waiters[token]
 
     @property
+    def ready(self) -> bool:
+        """Every stage process is up and takes requests (none down or restarting)."""
+        return self._healthy.is_set() and not self._closing
+
+    @property
     def in_flight(self) -> int:
         """Requests some stage still holds: a request leaves when every stage said it is done
         with it, which can be a moment after its stream ended (the last `StageDone`s trail the

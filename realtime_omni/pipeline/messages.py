@@ -147,6 +147,8 @@ class Stats(_Message):
     segments: list[str]
     steps: dict[str, list[tuple[float, float]]]  # stage -> recent (start monotonic s, seconds)
     gc_frozen: int = 0  # objects kept out of the cyclic collector's passes (made before start)
+    batches: dict[str, list[int]] = msgspec.field(default_factory=dict)  # per step in `steps`:
+    # the requests it emitted for (what a step served)
 
 
 class Shutdown(_Message):

@@ -150,6 +150,7 @@ class Worker:
         # wait (see `_work`), so each queue is bounded by one step's emits.
         self.outbox: dict[str, dict[str, deque[_Out]]] = {}
         self.step_log: dict[str, deque[tuple[float, float]]] = {}  # recent steps, for Stats
+        self.batch_log: dict[str, deque[int]] = {}  # requests each of those steps emitted for
         self.routes: dict[str, dict[str, int]] = {}
         self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
         # Deliveries waiting for their stage. A held request takes nothing in, so its inputs
@@ -175,6 +176,7 @@ class Worker:
             self.outbox[name] = {}
             self.inbound[name] = deque()
             self.step_log[name] = deque(maxlen=STEP_LOG)
+            self.batch_log[name] = deque(maxlen=STEP_LOG)
             for e in self.graph.out_edges[name]:
                 dev = self.cfg.stages[e.dst].device if e.dst in self.cfg.stages else "cpu"
                 self.outlets[(e.src, e.dst)] = Outlet(
@@ -292,6 +294,7 @@ class Worker:
             self._lock.acquire()
             self._stepping.clear()
             self.step_log[stage.name].append((start, time.monotonic() - start))
+            self.batch_log[stage.name].append(len({e.request_id for e in emits}))
         for st in self.stages.values():
             if st is not stage:
                 st.end_step([], None)
@@ -571,6 +574,7 @@ class Worker:
             segments=[s for s in list_segments(self.args.owner_pid) if s.startswith(mine)],
             steps={n: list(log) for n, log in self.step_log.items()},
             gc_frozen=self.gc_frozen,
+            batches={n: list(log) for n, log in self.batch_log.items()},
         )
 
     def close(self) -> None:

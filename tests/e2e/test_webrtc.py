@@ -34,6 +34,16 @@ def speech48(speech: np.ndarray) -> np.ndarray:
     return resample(speech, 24000, 48000)
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format: `name{labels} value` lines, comments skipped."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
 def get_json(url: str) -> Any:
     status, _, body = http("GET", url)
     assert status == 200, body
@@ -95,6 +105,19 @@ def test_speech_in_audio_back_and_events(server: str, speech48: np.ndarray) -> N
             assert loud[0] > t_created
             before = [p for t, p in caller.frames if t < t_created]
             assert before and max(before) < LOUD  # silence while nothing was said
+            # Prometheus, scraped during the call: the histograms have the answer in them.
+            status, headers, raw = await asyncio.to_thread(http, "GET", f"{server}/metrics")
+            assert status == 200 and headers["content-type"].startswith("text/plain")
+            metrics = parse_metrics(raw.decode())
+            assert metrics["rto_session_first_audio_ms_count"] >= 1
+            assert metrics["rto_session_token_to_audio_ms_count"] >= 1
+            for stage in ("thinker", "talker_ar", "code2wav"):
+                assert metrics[f'rto_stage_step_seconds_count{{stage="{stage}"}}'] > 0
+                assert metrics[f'rto_stage_batch_size_count{{stage="{stage}"}}'] > 0
+            assert metrics['rto_sessions{transport="webrtc"}'] == 1
+            assert 'rto_edge_slots_in_use{edge="thinker->talker_ar"}' in metrics
+            assert metrics["rto_webrtc_frames_total"] > 0
+            assert (await asyncio.to_thread(http, "GET", f"{server}/readyz"))[0] == 200
         finally:
             await caller.hang_up()
         st = await settle(server)

@@ -254,16 +254,19 @@ def test_sigkill_of_a_stage_fails_its_requests_and_the_stage_comes_back() -> Non
                     break
             old_pid = coord.pid_of("talker_ar#0")
             t0 = time.monotonic()
+            assert coord.ready
             os.kill(old_pid, signal.SIGKILL)
             with pytest.raises(StageDied, match="talker_ar"):
                 async for _ in victim:
                     pass
             assert time.monotonic() - t0 < timeout(1.0)
+            assert not coord.ready  # /readyz says 503 while the stage restarts
             with pytest.raises(StageDied):  # `done` was still using the talker too
                 await done.collect()
             after = await coord.submit({"max_tokens": 8})
             check_complete(await after.collect(), 8)
             assert coord.pid_of("talker_ar#0") != old_pid
+            assert coord.ready
             await all_slots_free(coord)
 
             # A request that finished with the killed stage goes on while it restarts.

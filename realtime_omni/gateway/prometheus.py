@@ -1,0 +1,96 @@
+"""Prometheus metrics of one server, served at `/metrics` (text exposition format).
+
+Per session (histograms, milliseconds, observed as the sessions measure them): time to first
+audio, thinker token -> its audio leaving, barge-in -> silence, abort acknowledged. Per stage, read
+from the stage processes' own logs at each scrape: step time and batch size (histograms of the
+steps made since the previous scrape, of the last 512 a stage keeps), requests held; per edge,
+credits in use; per process, restarts; per transport, live sessions; WebRTC output frames sent
+and late. A stage that makes more than 512 steps between two scrapes loses the oldest from its
+histograms (scrape every few seconds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+_SESSION = {
+    "first_audio_ms": "End of the user's turn to the first audio frame out",
+    "token_to_audio_ms": "A thinker token to its first audio frame out",
+    "barge_in_to_silence_ms": "Speech over the bot to the first silent frame out",
+    "abort_ms": "A response's abort until every stage acknowledged it",
+}
+
+
+class Exporter:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.session = {
+            k: Histogram(f"rto_session_{k}", doc, buckets=_MS, registry=r)
+            for k, doc in _SESSION.items()
+        }
+        self.step = Histogram(
+            "rto_stage_step_seconds", "One executor step", ["stage"], registry=r,
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+        )  # fmt: skip
+        self.batch = Histogram(
+            "rto_stage_batch_size", "Requests one step served", ["stage"], registry=r,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+        )  # fmt: skip
+        self.held = Gauge("rto_stage_requests", "Requests holding state", ["stage"], registry=r)
+        self.slots = Gauge("rto_edge_slots_in_use", "Credits lent on an edge", ["edge"], registry=r)
+        self.restarts = Gauge(
+            "rto_process_restarts", "Restarts of a stage process", ["process"], registry=r
+        )
+        self.sessions = Gauge("rto_sessions", "Live sessions", ["transport"], registry=r)
+        self.in_flight = Gauge("rto_requests_in_flight", "Pipeline requests", registry=r)
+        self.frames = Counter("rto_webrtc_frames", "WebRTC output frames sent", registry=r)
+        self.late = Counter(
+            "rto_webrtc_frames_late", "WebRTC output frames more than a frame late", registry=r
+        )
+        self._seen: dict[tuple[str, str], float] = {}  # (process, stage) -> last step observed
+        self._frames = self._late = 0
+
+    def observe(self, name: str, value_ms: float) -> None:
+        """A session's measurement (Session's `on_metric`)."""
+        hist = self.session.get(name)
+        if hist is not None:
+            hist.observe(value_ms)
+
+    async def scrape(self, gateway: Any, webrtc: Any) -> bytes:
+        coord = gateway.coord
+        stats = await coord.stats()
+        held: dict[str, int] = {}
+        used: dict[str, int] = {}
+        for process, st in stats.items():
+            for stage, log in st.steps.items():
+                sizes = st.batches.get(stage, [])
+                last = self._seen.get((process, stage), float("-inf"))
+                for i, (start, seconds) in enumerate(log):
+                    if start > last:
+                        self.step.labels(stage).observe(seconds)
+                        if i < len(sizes):
+                            self.batch.labels(stage).observe(sizes[i])
+                if log:
+                    self._seen[(process, stage)] = log[-1][0]
+            for stage, n in st.active_requests.items():
+                held[stage] = held.get(stage, 0) + n
+            for edge, total in st.total_slots.items():
+                used[edge] = used.get(edge, 0) + total - st.free_slots.get(edge, total)
+        for stage, n in held.items():
+            self.held.labels(stage).set(n)
+        for edge, n in used.items():
+            self.slots.labels(edge).set(n)
+        for process, epoch in coord.epochs.items():
+            self.restarts.labels(process).set(epoch)
+        calls = webrtc.stats()
+        self.sessions.labels("webrtc").set(calls["live"])
+        self.sessions.labels("websocket").set(max(0, len(gateway.sessions) - calls["live"]))
+        self.in_flight.set(coord.in_flight)
+        self.frames.inc(max(0, calls["frames"] - self._frames))
+        self.late.inc(max(0, calls["frames_late"] - self._late))
+        self._frames, self._late = calls["frames"], calls["frames_late"]
+        return generate_latest(self.registry)
