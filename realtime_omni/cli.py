@@ -22,6 +22,8 @@ import sys
 import time
 
 from realtime_omni.errors import ConfigError, OmniError
+from realtime_omni.logs import FORMAT_ENV
+from realtime_omni.logs import setup as setup_logging
 from realtime_omni.pipeline.config import load_config
 from realtime_omni.pipeline.graph import Graph
 
@@ -46,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         '"credential": "p"}]; none by default (host candidates: loopback and LAN calls)',
     )
     serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="log lines as text (default) or one JSON object each, with session and request "
+        "ids (the stage processes too; REALTIME_OMNI_LOG_FORMAT sets it as well)",
+    )
+    serve.add_argument(
         "--ice-host-address",
         action="append",
         help="offer only this address as a WebRTC host candidate (repeatable; e.g. 127.0.0.1)",
@@ -61,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     stage.add_argument("--process", required=True, help="group#replica, e.g. talker_ar#0")
     sub.add_parser("keygen", help="print a new CurveZMQ secret key for a multi-host pipeline")
     args = parser.parse_args(argv)
+    if getattr(args, "log_format", None):
+        os.environ[FORMAT_ENV] = args.log_format  # the stage processes inherit it
+    setup_logging(f"stage {args.process}" if args.command == "stage" else "gateway")
     if args.command == "keygen":
         from realtime_omni.pipeline.sockets import keygen
 

@@ -66,6 +66,7 @@ from realtime_omni.gateway.protocol import (
     parse_item,
 )
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad, SpeechStarted, Windower
+from realtime_omni.logs import REQUEST, SESSION
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class Session:
     # ---- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        SESSION.set(self.id)  # in the tasks made here and in the caller's from now on
         if self._vad_factory is not None and self._vad_model is None:
             self._vad_model = self._vad_factory()
         if self._vad_task is None:
@@ -394,6 +396,8 @@ class Session:
         }
 
     async def _run(self, resp: _Response) -> None:
+        SESSION.set(self.id)
+        REQUEST.set(resp.id)  # the pipeline request id: log lines of the response carry it
         try:
             stream = await self.coord.submit(resp.payload, resp.id)
             resp.payload = {}  # the arrays are in the pipeline now

@@ -392,6 +392,7 @@ class Coordinator:
                 "abort of %s not acknowledged by %s; forgetting it",
                 req.rid,
                 sorted(req.abort_waiting),
+                extra={"request_id": req.rid},
             )
             self._forget(req.rid)
 

@@ -74,6 +74,9 @@ def worker_main(args: WorkerArgs) -> None:
     # transformers the heap grows to ~365k live objects, and the passes on the way there took
     # about a second of CPU per process. `run` turns it on again (`freeze_start_up`).
     gc.disable()
+    from realtime_omni.logs import setup as setup_logging
+
+    setup_logging(args.process)
     nice = int(args.config.get("runtime", {}).get("stage_nice", 0))
     if nice:
         os.nice(nice)

@@ -4,6 +4,7 @@ real shared memory."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -477,3 +478,27 @@ def test_a_dead_replica_does_not_cut_short_the_abort_of_a_request_on_another() -
             await asyncio.wait_for(aborting, timeout(5))
 
     run(body())
+
+
+def test_stage_processes_log_json_lines_when_asked(capfd, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("REALTIME_OMNI_LOG_FORMAT", "json")
+
+    async def body() -> None:
+        async with Coordinator(parse_config(simulated_config(FAST))) as coord:
+            assert coord.ipc_dir is not None
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(
+                coord.graph.endpoint("thinker#0", coord.epochs["thinker#0"], coord.ipc_dir)
+            )
+            sock.send(b"\xc1 garbage")
+            sock.close()
+            ctx.term()
+            await asyncio.sleep(timeout(0.5))
+
+    run(body())
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in lines]
+    assert any(r["process"] == "thinker#0" and r["level"] == "warning" and "dropped" in
+               r["message"] for r in records), lines  # fmt: skip
