@@ -103,6 +103,13 @@ class RuntimeConfig(_Strict):
     ready_timeout_s: float = Field(default=120.0, gt=0, description="Stage start-up limit.")
     abort_timeout_s: float = Field(default=5.0, gt=0, description="Wait for every AbortAck.")
     restart_stages: bool = Field(default=True, description="Restart a stage process that died.")
+    warm_spares: bool = Field(
+        default=False,
+        description="Keep a started, loaded spare of every local stage process: one that dies "
+        "is replaced by its spare at once (new calls wait milliseconds, not a model load), and "
+        "a new spare loads in the background. Costs each stage's memory (GPU memory too) "
+        "twice.",
+    )
     heartbeat_interval_s: float = Field(default=0.25, gt=0)
     heartbeat_timeout_s: float = Field(
         default=5.0, gt=0, description="Silence after which a remote process counts as dead."

@@ -165,6 +165,11 @@ class Coordinator:
         self._broken: dict[str, str] = {}  # process -> why its restart failed
         self._tasks: set[asyncio.Task[Any]] = set()
         self._active: dict[str, int] = {}  # process -> requests routed to it
+        # Warm spares (runtime.warm_spares): a loaded process per local stage process, bound to
+        # an epoch of its own that no peer knows until it takes over.
+        self._spares: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}  # process -> (epoch, it)
+        self._spare_ready: dict[str, asyncio.Future[None]] = {}
+        self._next_epoch = dict(self.epochs)  # the last epoch handed out, per process
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -212,22 +217,34 @@ class Coordinator:
         self._monitor = threading.Thread(target=self._watch, name="rto-monitor", daemon=True)
         self._monitor.start()
         self._healthy.set()
+        if rt.warm_spares and rt.restart_stages:
+            for p in self.graph.local_processes():
+                self._spawn_spare(p)
 
-    def _spawn(self, process: str) -> None:
+    def _spawn(self, process: str, epoch: int | None = None) -> subprocess.Popen[bytes]:
         assert self.ipc_dir is not None
         args = WorkerArgs(
             config=self.cfg.model_dump(),
             process=process,
-            epoch=self.epochs[process],
+            epoch=self.epochs[process] if epoch is None else epoch,
             # A peer that is down gets its new epoch through PeerUp.
             epochs=dict(self.epochs),
             ipc_dir=str(self.ipc_dir),
             owner_pid=self.owner_pid,
         )
         env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
-        self._procs[process] = subprocess.Popen(
-            [sys.executable, "-m", "realtime_omni.pipeline.worker"], env=env
-        )
+        proc = subprocess.Popen([sys.executable, "-m", "realtime_omni.pipeline.worker"], env=env)
+        if epoch is None:
+            self._procs[process] = proc
+        return proc
+
+    def _spawn_spare(self, process: str) -> None:
+        """Start a spare of `process` on an epoch of its own; its Ready marks it loaded."""
+        if self._closing:
+            return
+        epoch = self._next_epoch[process] = self._next_epoch[process] + 1
+        self._spare_ready[process] = self.loop.create_future()
+        self._spares[process] = (epoch, self._spawn(process, epoch))
 
     async def _wait_ready(self, processes: list[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -263,8 +280,10 @@ class Coordinator:
         for p in self._procs:
             if p not in self._down:
                 self._send(p, m.Shutdown())
+        for _, spare in self._spares.values():
+            spare.terminate()  # loaded and idle: nothing to finish
         deadline = time.monotonic() + 5
-        for proc in self._procs.values():
+        for proc in [*self._procs.values(), *(s for _, s in self._spares.values())]:
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             if proc.poll() is None:
@@ -492,6 +511,11 @@ class Coordinator:
                     req.abort_waiting.discard(stage)
                     self._check_abort(req)
             case m.Ready(process=p, epoch=epoch):
+                spare = self._spares.get(p)
+                if spare is not None and spare[0] == epoch:
+                    if not self._spare_ready[p].done():
+                        self._spare_ready[p].set_result(None)
+                    return
                 fut = self._ready.get(p)
                 if epoch == self.epochs.get(p) and fut is not None and not fut.done():
                     fut.set_result(None)
@@ -605,7 +629,21 @@ class Coordinator:
 
     async def _restart(self, process: str) -> None:
         self._procs[process].wait()  # reap it: it is dead, this returns at once
-        self.epochs[process] += 1
+        epoch, spare = self._spares.pop(process, (0, None))
+        if spare is not None and spare.poll() is None and self._spare_ready[process].done():
+            # The spare takes over: tell it where every peer is now, then announce it.
+            self.epochs[process], self._procs[process] = epoch, spare
+            self._ready[process] = self._spare_ready.pop(process)
+            for p in self.graph.processes():
+                if p != process and p not in self._down:
+                    self._send(process, m.PeerUp(p, self.epochs[p]))
+            await self._peer_up(process)
+            self._spawn_spare(process)
+            return
+        if spare is not None:  # not loaded yet (or dead): a plain restart, and a new spare
+            spare.kill()
+            spare.wait()
+        self.epochs[process] = self._next_epoch[process] = self._next_epoch[process] + 1
         self._ready[process] = self.loop.create_future()
         try:
             self._spawn(process)
@@ -615,6 +653,8 @@ class Coordinator:
             self._credit.set()
             return
         await self._peer_up(process)
+        if self.cfg.runtime.warm_spares:
+            self._spawn_spare(process)
 
     async def _peer_up(self, process: str) -> None:
         """Tell every other process that `process` is back, then take requests again."""

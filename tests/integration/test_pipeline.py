@@ -502,3 +502,33 @@ def test_stage_processes_log_json_lines_when_asked(capfd, monkeypatch) -> None: 
     records = [json.loads(line) for line in lines]
     assert any(r["process"] == "thinker#0" and r["level"] == "warning" and "dropped" in
                r["message"] for r in records), lines  # fmt: skip
+
+
+def test_a_warm_spare_takes_over_a_killed_stage_at_once() -> None:
+    """With warm_spares, a SIGKILLed stage's loaded spare takes its place (its pid, a new
+    epoch), the next request is served without waiting for a start-up, and a new spare loads
+    behind it; slots and segments are whole afterwards."""
+    cfg = simulated_config(FAST, warm_spares=True)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            await asyncio.wait_for(coord._spare_ready["talker_ar#0"], timeout(30))
+            spare_epoch, spare = coord._spares["talker_ar#0"]
+            os.kill(coord.pid_of("talker_ar#0"), signal.SIGKILL)
+            t0 = time.monotonic()
+            while "talker_ar#0" not in coord._down and coord.pid_of("talker_ar#0") != spare.pid:
+                await asyncio.sleep(0.005)
+                assert time.monotonic() - t0 < timeout(2)
+            after = await coord.submit({"max_tokens": 6})  # waits while the spare takes over
+            check_complete(await after.collect(), 6)
+            took = time.monotonic() - t0
+            assert coord.pid_of("talker_ar#0") == spare.pid
+            assert coord.epochs["talker_ar#0"] == spare_epoch
+            assert took < timeout(2.0), took  # no stage start-up in it
+            await asyncio.wait_for(coord._spare_ready["talker_ar#0"], timeout(30))
+            assert coord._spares["talker_ar#0"][1].pid != spare.pid
+            again = await coord.submit({"max_tokens": 6})
+            check_complete(await again.collect(), 6)
+            await all_slots_free(coord)
+
+    run(body(), limit_s=90)
