@@ -134,3 +134,18 @@ def test_batch_steps_benchmark_at_real_widths_with_random_weights(tmp_path: Path
         cfg["im_end_token_id"]
         == json.loads((ensure_tiny(0) / "config.json").read_text())["im_end_token_id"]
     )
+
+
+def test_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
+    """400 requests, 30 % aborted at random, a stage process SIGKILLed every 150: every
+    request completed, was aborted or met the killed process, and afterwards credits, held
+    requests, segments, file descriptors and threads are where they started."""
+    args = ("--requests", "400", "--kill-every", "150", "--json", str(tmp_path / "soak.json"))
+    data, stdout = bench("soak.py", *args, limit_s=180)
+    out = data["outcomes"]
+    assert out["error"] == 0 and sum(out.values()) == 400, data["errors"]
+    assert out["completed"] > 100 and out["aborted"] > 50 and data["kills"] == 2
+    for key in ("in_flight", "slots_lent", "requests_held", "segments", "threads"):
+        assert data["after"][key] == data["before"][key], key
+    assert data["after"]["fds"] <= data["before"]["fds"] + 2
+    assert "soak: clean" in stdout
