@@ -175,6 +175,7 @@ class Coordinator:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.secret = sockets.curve_secret(self.cfg)  # before anything is made that needs undoing
         clean_stale_segments()
         self._owner_lock = OwnerLock(self.owner_pid)  # our segments are not stale while we run
         rt = self.cfg.runtime
@@ -188,7 +189,6 @@ class Coordinator:
         # Plain sockets, driven by the loop in `_receive`: pyzmq's asyncio sockets cost about
         # 40 us per message received and 9 us per message sent, against 4 and 2 us.
         self.zmq = zmq.Context()
-        self.secret = sockets.curve_secret(self.cfg)
         self.inbox = sockets.inbox(
             self.zmq, self.graph.endpoint(m.CLIENT, 0, self.ipc_dir), self.secret
         )

@@ -92,18 +92,31 @@ OWNER = "rto-owner_"  # + pid: the lock file a live owner holds
 
 class OwnerLock:
     """Held by a coordinator while it runs: its segments are not stale (see the module doc).
-    The kernel drops the lock when the process dies, however it dies."""
+    The kernel drops the lock when the process dies, however it dies. Several coordinators of
+    one process (tests, benchmarks) share the process's lock: the last to release it drops it."""
+
+    _held: dict[int, tuple[int, int]] = {}  # pid -> (fd, holders), in this process
 
     def __init__(self, owner_pid: int) -> None:
+        self.pid = owner_pid
         self.path = SHM_DIR / f"{OWNER}{owner_pid}"
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd, holders = self._held.get(owner_pid, (-1, 0))
+        if fd < 0:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._held[owner_pid] = (fd, holders + 1)
+        self.released = False
 
     def release(self) -> None:
-        if self.fd >= 0:
-            self.path.unlink(missing_ok=True)
-            os.close(self.fd)
-            self.fd = -1
+        if self.released:
+            return
+        self.released = True
+        fd, holders = self._held.pop(self.pid)
+        if holders > 1:
+            self._held[self.pid] = (fd, holders - 1)
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def _owner_gone(pid: str) -> bool:

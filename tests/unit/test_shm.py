@@ -144,3 +144,14 @@ def test_unlink_segments_by_prefix(tag: str) -> None:
     for s in [*inside, outside]:
         s.close()
     outside.unlink()
+
+
+def test_coordinators_of_one_process_share_its_owner_lock() -> None:
+    from realtime_omni.pipeline.shm import OWNER, SHM_DIR, OwnerLock
+
+    a, b = OwnerLock(PID), OwnerLock(PID)  # two coordinators in one test process
+    a.release()
+    assert (SHM_DIR / f"{OWNER}{PID}").exists()  # b still holds it
+    b.release()
+    b.release()  # twice is harmless
+    assert not (SHM_DIR / f"{OWNER}{PID}").exists()
