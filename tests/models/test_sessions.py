@@ -102,3 +102,28 @@ def test_a_turn_after_a_barge_in_continues_from_what_was_heard(tiny_dir: Path) -
     np.testing.assert_array_equal(got["codes"], ref["codes"])
     assert got["cached"] > 0 and got["prefilled"] < ref["prefilled"]
     assert kept.stages["thinker"].executor.cache.in_use() == 1  # type: ignore[attr-defined]
+
+
+def test_the_audio_encoder_encodes_each_clip_of_a_conversation_once(tiny_dir: Path) -> None:
+    """Turn 2 carries turn 1's clip again and a new one: only the new one is encoded, and the
+    turn's tokens and frames are those of a pipeline that encodes both afresh."""
+    kept, fresh = pipeline(), pipeline()
+    encoded: list[int] = []
+    ex = kept.stages["audio_encoder"].executor
+    encode = ex._encode_clips  # type: ignore[attr-defined]
+    ex._encode_clips = lambda todo: encoded.append(len(todo)) or encode(todo)  # type: ignore[attr-defined]
+    one = [SYSTEM, user("First.", audio=True)]
+    got = turn(kept, "a", one, session_id="s")
+    two = [*one, {"role": "assistant", "content": got["text"]}]
+    payload = {"messages": [*two, {"role": "user", "content": [
+        {"type": "audio", "audio": "audio1"}, {"type": "text", "text": "And this?"}]}],
+        "audio0": chirp(), "audio1": chirp(0.6), **GREEDY}  # fmt: skip
+    kept.submit("b", {**payload, "session_id": "s"})
+    kept.run()
+    fresh.submit("b", payload)
+    fresh.run()
+    assert encoded == [1, 1]  # turn 1: its clip; turn 2: the new clip only
+    for name in ("decode", "code2wav"):
+        a, b = kept.outputs["b"][name], fresh.outputs["b"][name]
+        key = "token_id" if name == "decode" else "codes"
+        assert [str(o[key]) for o in a] == [str(o[key]) for o in b]

@@ -14,6 +14,8 @@ clip makes.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -72,18 +74,53 @@ class _EncoderExecutor:
 
 
 class AudioEncoderExecutor(_EncoderExecutor):
+    """Every turn carries the conversation's earlier clips again, so the embeddings of the
+    clips seen last are kept (by their mel's digest, at most `params.cache_clips`, default 256,
+    least recently used out): a clip is encoded once per conversation, not once per turn."""
+
     part = "audio_encoder"
 
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.cache_clips = int(ctx.params.get("cache_clips", 256))
+        self.cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+
     def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
+        clips: list[list[bytes]] = []  # per request, its clips' digests in order
+        todo: dict[bytes, torch.Tensor] = {}  # clips to encode now: digest -> mel
+        for b in batch:
+            keys = []
+            for mel in b["mel"].split(b["audio_lengths"].tolist(), dim=1):
+                key = hashlib.blake2b(mel.cpu().numpy().tobytes(), digest_size=16).digest()
+                keys.append(key)
+                if key not in self.cache:
+                    todo[key] = mel
+            clips.append(keys)
+        if todo:
+            self._encode_clips(todo)
+        out = []
+        for keys in clips:
+            for k in keys:
+                self.cache.move_to_end(k)
+            out.append({"audio_embeds": torch.cat([self.cache[k] for k in keys])})
+        while len(self.cache) > self.cache_clips:
+            self.cache.popitem(last=False)
+        return out
+
+    def _encode_clips(self, todo: dict[bytes, torch.Tensor]) -> None:
+        """One tower forward for every new clip, side by side (they never attend across)."""
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             _get_feat_extract_output_lengths,
         )
 
-        mel = torch.cat([b["mel"] for b in batch], dim=1).to(self.dtype)
-        lengths = torch.cat([b["audio_lengths"] for b in batch])
-        out = self.model(mel, feature_lens=lengths, return_dict=True).last_hidden_state
-        made = [int(_get_feat_extract_output_lengths(b["audio_lengths"]).sum()) for b in batch]
-        return [{"audio_embeds": e} for e in out.split(made)]
+        mels = list(todo.values())
+        lengths = torch.tensor([m.shape[1] for m in mels], device=mels[0].device)
+        embeds = self.model(
+            torch.cat(mels, dim=1).to(self.dtype), feature_lens=lengths, return_dict=True
+        ).last_hidden_state
+        made = _get_feat_extract_output_lengths(lengths).tolist()
+        for key, e in zip(todo, embeds.split(made), strict=True):
+            self.cache[key] = e.clone()  # owned, not a view of the whole batch
 
 
 class ImageEncoderExecutor(_EncoderExecutor):
