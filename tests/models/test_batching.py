@@ -166,3 +166,32 @@ def test_encoders_batch_the_requests_waiting_together(tiny_dir: Path) -> None:
     assert sizes == {"audio_encoder": [2], "image_encoder": [2]}  # one forward for both
     for rid in payloads:
         assert_same(result(p, rid), ref[rid])
+
+
+@pytest.mark.slow
+def test_an_answer_that_ends_on_the_codec_end_matches_generate(tiny_dir: Path) -> None:
+    """Random weights never pick the codec's end: with its codec_head row doubled (in both the
+    pipeline's talker and generate's), greedy speech ends on it after 20 frames, before
+    talker_max_tokens; the batched talker must end there too, frame for frame."""
+    from tests.models.reference import load_full
+
+    payload = {**conversation("text"), **GREEDY, "talker_max_tokens": 30}
+    model, _ = load_full(tiny_dir)
+    eos = model.config.talker_config.codec_eos_token_id
+    row = model.talker.codec_head.weight.data[eos]
+    saved = row.clone()
+    row *= 2
+    try:
+        gen = generate(tiny_dir, payload, GREEDY["max_tokens"], 30)
+    finally:
+        row.copy_(saved)
+    assert 4 < gen["codes"].shape[0] < 29  # ended on the codec's end, not on the limit
+    p = pipeline(8)
+    p.stages["talker_ar"].executor.model.codec_head.weight.data[eos] *= 2  # type: ignore[attr-defined]
+    p.submit("eos", payload)
+    p.submit("other", {**conversation("audio"), **GREEDY})  # batched beside it
+    p.run()
+    got = result(p, "eos")
+    assert got["text_ids"] == gen["text_ids"]
+    np.testing.assert_array_equal(got["codes"], gen["codes"])
+    np.testing.assert_allclose(got["wav"], gen["wav"], atol=1e-5)
