@@ -78,6 +78,19 @@ def _free_port_block(n: int) -> int:
     raise RuntimeError("no free port block")
 
 
+def two_hosts(tmp_path, **runtime) -> tuple[dict, list[str]]:  # type: ignore[no-untyped-def]
+    """The simulated graph with the talker on host box-b (127.0.0.1 here), and the command that
+    starts it there."""
+    cfg = simulated_config(FAST, base_port=_free_port_block(10), **runtime)
+    cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
+    cfg["stages"]["talker_ar"]["host"] = "box-b"
+    path = tmp_path / "two-hosts.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    command = [sys.executable, "-m", "realtime_omni.cli", "stage", "--config", str(path),
+               "--process", "talker_ar#0"]  # fmt: skip
+    return cfg, command
+
+
 @pytest.fixture
 def curve_key(monkeypatch: pytest.MonkeyPatch) -> str:
     """The deployment's CurveZMQ key in the environment (the stage processes inherit it)."""
@@ -139,14 +152,9 @@ def test_a_remote_stage_in_a_step_longer_than_the_heartbeat_timeout_stays_alive(
     """The remote talker's first step takes 2.5 s, the heartbeat timeout is 1 s: it beats from
     its control thread during the step, so it is not declared dead (before, it was, and every
     request through it failed with StageDied)."""
-    cfg = simulated_config(FAST, base_port=_free_port_block(10), heartbeat_timeout_s=1.0)
-    cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
-    cfg["stages"]["talker_ar"]["host"] = "box-b"
+    cfg, command = two_hosts(tmp_path, heartbeat_timeout_s=1.0)
     cfg["stages"]["talker_ar"]["params"]["first_step_ms"] = 2500
-    path = tmp_path / "two-hosts.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    command = [sys.executable, "-m", "realtime_omni.cli", "stage", "--config", str(path),
-               "--process", "talker_ar#0"]  # fmt: skip
+    (tmp_path / "two-hosts.yaml").write_text(yaml.safe_dump(cfg))
 
     async def body() -> None:
         remote = subprocess.Popen(command, cwd=ROOT)
@@ -172,13 +180,7 @@ def test_over_tcp_only_holders_of_the_curve_key_reach_a_stage(
     from realtime_omni.errors import ConfigError
     from realtime_omni.pipeline import messages as m
 
-    cfg = simulated_config(FAST, base_port=_free_port_block(10))
-    cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
-    cfg["stages"]["talker_ar"]["host"] = "box-b"
-    path = tmp_path / "two-hosts.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    command = [sys.executable, "-m", "realtime_omni.cli", "stage", "--config", str(path),
-               "--process", "talker_ar#0"]  # fmt: skip
+    cfg, command = two_hosts(tmp_path)
 
     async def body() -> None:
         remote = subprocess.Popen(command, cwd=ROOT)

@@ -25,6 +25,8 @@ Pure torch; no sockets, no model code.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -189,3 +191,57 @@ class _Window:
     def commit(self) -> None:
         for row, n in self.advance.items():
             self.cache.lens[row] += n
+
+
+class KeptSessions:
+    """Cache rows that conversations' finished turns left behind, for their next turns.
+
+    `keep(session, row, inputs, extra)` holds `row` with the input rows `inputs` [n, D] whose
+    keys and values fill it (and anything the executor needs again, `extra`); `take(session,
+    inputs)` gives a new turn the longest common prefix of those and its own inputs, compared
+    row by row (at least one input is left to compute, for the logits): the row, with its length
+    cut to that prefix, how many inputs it covers, and `extra`; or nothing to reuse, with the
+    row given back. Least recently used first out, within `max_tokens` input rows in all and
+    whatever rows running requests need (`evict_oldest`).
+    """
+
+    def __init__(self, cache: SlotCache, max_tokens: int) -> None:
+        self.cache = cache
+        self.max_tokens = max_tokens
+        self._kept: OrderedDict[str, tuple[int, torch.Tensor, Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._kept
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._kept)
+
+    def keep(self, session: str, row: int, inputs: torch.Tensor, extra: Any = None) -> None:
+        if session in self._kept:  # an older turn of it
+            self.cache.free(self._kept.pop(session)[0])
+        self._kept[session] = (row, inputs, extra)
+        while self._kept and sum(len(k[1]) for k in self._kept.values()) > self.max_tokens:
+            self.evict_oldest()
+
+    def take(self, session: str | None, inputs: torch.Tensor) -> tuple[int | None, int, Any]:
+        kept = self._kept.pop(session, None) if session is not None else None
+        if kept is None:
+            return None, 0, None
+        row, old, extra = kept
+        n = min(len(old), len(inputs) - 1)
+        same = (old[:n] == inputs[:n]).all(-1)
+        shared = n if bool(same.all()) else int(same.int().argmin())
+        if not shared:
+            self.cache.free(row)
+            return None, 0, None
+        self.cache.lens[row] = shared
+        return row, shared, extra
+
+    def evict_oldest(self) -> bool:
+        if not self._kept:
+            return False
+        self.cache.free(self._kept.popitem(last=False)[1][0])
+        return True

@@ -33,14 +33,14 @@ prefills the rest; bounded by `params.session_cache_tokens` (default 65,536) and
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from realtime_omni.models.qwen3_omni.cache import SlotCache
+from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import (
@@ -129,7 +129,7 @@ class TalkerExecutor(HoldsRequests):
         self.max_batch = ctx.max_batch
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.session_cache_tokens = int(p.get("session_cache_tokens", 65536))
-        self.sessions: OrderedDict[str, tuple[int, torch.Tensor]] = OrderedDict()  # row, rows
+        self.sessions = KeptSessions(self.cache, self.session_cache_tokens)
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -247,43 +247,19 @@ class TalkerExecutor(HoldsRequests):
         if r.session is None or r.prompt is None:
             self.cache.free(r.row)
             return
-        if r.session in self.sessions:  # an older turn of it, still kept
-            self._evict(r.session)
-        self.sessions[r.session] = (r.row, r.prompt)
-        while self.sessions and sum(len(p) for _, p in self.sessions.values()) > (
-            self.session_cache_tokens
-        ):
-            self._evict(next(iter(self.sessions)))
-
-    def _evict(self, session: str) -> None:
-        self.cache.free(self.sessions.pop(session)[0])
+        self.sessions.keep(r.session, r.row, r.prompt)
 
     def _row_for(self, r: _Request) -> bool:
         """Whether `r` can have a cache row now (a kept session yields one if need be)."""
         if r.session in self.sessions or self.cache.in_use() < self.cache.rows:
             return True
-        if self.sessions:
-            self._evict(next(iter(self.sessions)))
-            return True
-        return False
+        return self.sessions.evict_oldest()
 
     def _continue_session(self, r: _Request, prompt: torch.Tensor) -> int:
         """Give `r` a cache row: its session's kept one, holding the longest common prefix of
         the two prompts' input rows (at least one row is left to compute), or a fresh one."""
-        kept = self.sessions.pop(r.session, None) if r.session else None
-        shared = 0
-        if kept is not None:
-            row, old = kept
-            n = min(len(old), len(prompt) - 1)
-            same = (old[:n] == prompt[:n]).all(-1)
-            shared = n if bool(same.all()) else int(same.int().argmin())
-            if shared:
-                r.row = row
-                self.cache.lens[row] = shared
-            else:
-                self.cache.free(row)
-        if r.row is None:
-            r.row = self.cache.alloc()
+        row, shared, _ = self.sessions.take(r.session, prompt)
+        r.row = row if row is not None else self.cache.alloc()
         if r.session is not None:
             r.prompt = prompt
         return shared

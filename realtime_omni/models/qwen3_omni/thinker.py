@@ -36,13 +36,12 @@ the cache rows, which running requests take first; the least recently used goes 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from realtime_omni.models.qwen3_omni.cache import SlotCache
+from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
@@ -71,7 +70,7 @@ class _Request:
     hidden: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per chunk
     next_pos: torch.Tensor | None = None  # [4, 1, 1]: position of the next input token
     tokens: list[int] = field(default_factory=list)
-    prompt: _Kept | None = None  # the prompt's rows once prefilled (for a session to keep)
+    prompt: _Prompt | None = None  # the prompt's rows once prefilled (for a session to keep)
 
     @property
     def decoding(self) -> bool:
@@ -79,18 +78,13 @@ class _Request:
 
 
 @dataclass
-class _Kept:
-    """Inputs whose keys and values fill a cache row, per position: the input embedding, the
-    first hidden state and the `accept_hidden_layer` output (zeros for answer tokens, which the
-    talker's prompt never reads)."""
+class _Prompt:
+    """A prefilled prompt's rows, per position, for its session to keep: the input embedding,
+    the first hidden state and the `accept_hidden_layer` output (the talker's prompt rows)."""
 
     embeds: torch.Tensor  # [n, D]
     hs0: torch.Tensor | None  # [n, D], with speech
     hidden: torch.Tensor | None  # [n, D], with speech
-    row: int = -1
-
-    def __len__(self) -> int:
-        return int(self.embeds.shape[0])
 
 
 class ThinkerExecutor(HoldsRequests):
@@ -124,7 +118,7 @@ class ThinkerExecutor(HoldsRequests):
         )
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.session_cache_tokens = int(p.get("session_cache_tokens", 65536))
-        self.sessions: OrderedDict[str, _Kept] = OrderedDict()  # least recently used first
+        self.sessions = KeptSessions(self.cache, self.session_cache_tokens)
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -178,8 +172,8 @@ class ThinkerExecutor(HoldsRequests):
             if r.decoding or rid not in self.reqs:
                 continue
             full = self.cache.in_use() >= self.cache.rows
-            if r.row is None and full and self.sessions and r.session not in self.sessions:
-                self._evict(next(iter(self.sessions)))  # a kept session yields its row
+            if r.row is None and full and r.session not in self.sessions:
+                self.sessions.evict_oldest()  # a kept session yields its row
             if budget <= 0 or (r.row is None and self.cache.in_use() >= self.cache.rows):
                 break  # first come, first served: later prompts wait their turn
             if r.row is None:
@@ -200,23 +194,12 @@ class ThinkerExecutor(HoldsRequests):
             return
         fed = r.tokens[:-1]  # the last token made was never fed back: it has no keys yet
         gen = self.embed(torch.tensor(fed, dtype=torch.long, device=self.device))
-        zeros = None if r.prompt.hidden is None else gen.new_zeros(gen.shape)
-        kept = _Kept(
-            torch.cat([r.prompt.embeds, gen]),
-            None if r.prompt.hs0 is None else torch.cat([r.prompt.hs0, gen]),
-            None
-            if r.prompt.hidden is None or zeros is None
-            else torch.cat([r.prompt.hidden, zeros]),
-            r.row,
-        )
-        if r.session in self.sessions:  # an older turn of it, still kept
-            self._evict(r.session)
-        self.sessions[r.session] = kept
-        while self.sessions and sum(map(len, self.sessions.values())) > self.session_cache_tokens:
-            self._evict(next(iter(self.sessions)))
-
-    def _evict(self, session: str) -> None:
-        self.cache.free(self.sessions.pop(session).row)
+        hs0 = hidden = None
+        if r.prompt.hs0 is not None and r.prompt.hidden is not None:
+            hs0 = torch.cat([r.prompt.hs0, gen])
+            hidden = torch.cat([r.prompt.hidden, gen.new_zeros(gen.shape)])
+        # Answer tokens' hidden rows are zeros: the talker's prompt reads user turns only.
+        self.sessions.keep(r.session, r.row, torch.cat([r.prompt.embeds, gen]), (hs0, hidden))
 
     # ---- model calls ---------------------------------------------------------------------
 
@@ -234,19 +217,13 @@ class ThinkerExecutor(HoldsRequests):
             embeds = embeds.masked_scatter(mask, r.image_embeds.to(embeds.dtype))
         r.embeds = embeds[0]
         r.pos = mrope_positions(self.model, r.ids, r.grid, r.audio_lengths, always=True)
-        kept = self.sessions.pop(r.session, None) if r.session else None
-        if kept is not None:
-            n = min(len(kept), r.embeds.shape[0] - 1)  # at least one token left for logits
-            same = (kept.embeds[:n] == r.embeds[:n]).all(-1)
-            shared = n if bool(same.all()) else int(same.int().argmin())
-            if shared:
-                r.row, r.prefilled, r.cached = kept.row, shared, shared
-                self.cache.lens[kept.row] = shared
-                if kept.hs0 is not None and kept.hidden is not None:
-                    r.hidden.append((kept.hs0[:shared], kept.hidden[:shared]))
-            else:
-                self.cache.free(kept.row)
-        if r.row is None:
+        row, shared, extra = self.sessions.take(r.session, r.embeds)
+        if row is not None:
+            r.row, r.prefilled, r.cached = row, shared, shared
+            hs0, hidden = extra
+            if hs0 is not None and hidden is not None:
+                r.hidden.append((hs0[:shared], hidden[:shared]))
+        else:
             r.row = self.cache.alloc()
 
     def _prefill_chunk(self, rid: str, r: _Request, n: int) -> list[Emit]:
@@ -283,7 +260,7 @@ class ThinkerExecutor(HoldsRequests):
             hidden = torch.cat([h[1] for h in r.hidden])
             rows = self._prompt_rows(r.ids, hs0, hidden)
         if r.session is not None:
-            r.prompt = _Kept(r.embeds, hs0, hidden)
+            r.prompt = _Prompt(r.embeds, hs0, hidden)
         r.next_pos = r.pos[..., -1:] + 1
         r.embeds = r.pos = None
         r.hidden = []
