@@ -240,6 +240,17 @@ class KeptSessions:
         self.cache.lens[row] = shared
         return row, shared, extra
 
+    def row_available(self) -> bool:
+        """A row is free, or a kept one can be given up for it."""
+        return self.cache.in_use() - len(self._kept) < self.cache.rows
+
+    def make_room(self, session: str | None) -> bool:
+        """Whether a new turn of `session` can have a row now: its session's kept row, a free
+        row, or the least recently used kept row given up for it."""
+        if session in self._kept or self.cache.in_use() < self.cache.rows:
+            return True
+        return self.evict_oldest()
+
     def evict_oldest(self) -> bool:
         if not self._kept:
             return False

@@ -128,8 +128,7 @@ class TalkerExecutor(HoldsRequests):
         )
         self.max_batch = ctx.max_batch
         self.prefill_budget = ctx.max_prefill_tokens_per_step
-        self.session_cache_tokens = int(p.get("session_cache_tokens", 65536))
-        self.sessions = KeptSessions(self.cache, self.session_cache_tokens)
+        self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -185,7 +184,7 @@ class TalkerExecutor(HoldsRequests):
 
     def has_work(self) -> bool:
         """Some request is ready and has a cache row, or could take a free one."""
-        free = self.cache.in_use() - len(self.sessions) < self.cache.rows
+        free = self.sessions.row_available()
         return any(
             self._ready(r) and (r.row is not None or free or not r.tokens)
             for r in self.running().values()
@@ -203,7 +202,7 @@ class TalkerExecutor(HoldsRequests):
             if not r.tokens and r.spoken == 0:  # the thinker ended before its first token
                 self.abort(rid)
                 emits.append(Emit(rid, done=True))
-            elif r.row is None and budget > 0 and self._row_for(r):
+            elif r.row is None and budget > 0 and self.sessions.make_room(r.session):
                 tok = r.tokens.popleft()
                 if tok.last:  # a one-token answer: its end-of-text row comes next, as always
                     r.tokens.appendleft(tok)
@@ -211,7 +210,8 @@ class TalkerExecutor(HoldsRequests):
                 shared = self._continue_session(r, embeds[0])
                 budget -= embeds.shape[1] - shared
                 window = self.cache.prefill(r.row, embeds.shape[1] - shared)  # type: ignore[arg-type]
-                out = self._talker(r, embeds[:, shared:], pos[..., shared:], window)
+                out = self._forward(embeds[:, shared:], pos[..., shared:], window)
+                r.next_pos = pos[..., -1:] + 1
                 picked.append((rid, out.logits[0, -1], tok.token_time))
                 hidden.append(out.hidden_states[0][-1][:, -1:])
         decoding = [rid for rid in ready if rid in self.reqs and self.reqs[rid].row is not None]
@@ -249,12 +249,6 @@ class TalkerExecutor(HoldsRequests):
             return
         self.sessions.keep(r.session, r.row, r.prompt)
 
-    def _row_for(self, r: _Request) -> bool:
-        """Whether `r` can have a cache row now (a kept session yields one if need be)."""
-        if r.session in self.sessions or self.cache.in_use() < self.cache.rows:
-            return True
-        return self.sessions.evict_oldest()
-
     def _continue_session(self, r: _Request, prompt: torch.Tensor) -> int:
         """Give `r` a cache row: its session's kept one, holding the longest common prefix of
         the two prompts' input rows (at least one row is left to compute), or a fresh one."""
@@ -286,17 +280,7 @@ class TalkerExecutor(HoldsRequests):
         for i, r in enumerate(reqs):
             embeds[r.row] = x[i]
             pos[:, r.row] = r.next_pos[:, 0]  # type: ignore[index]
-        window = self.cache.decode(hi, rows)  # type: ignore[arg-type]
-        out = self.model(
-            inputs_embeds=embeds,
-            position_ids=pos,
-            attention_mask=window.mask,
-            cache=window,
-            use_cache=True,
-            output_hidden_states=True,
-            generation_step=0,  # only counted on by generate
-        )
-        window.commit()
+        out = self._forward(embeds, pos, self.cache.decode(hi, rows))  # type: ignore[arg-type]
         last = out.hidden_states[0][-1]
         result = []
         for rid, r, tok in zip(rids, reqs, toks, strict=True):
@@ -349,7 +333,8 @@ class TalkerExecutor(HoldsRequests):
                 extra[i] = projected[j : j + 1]
         return x + torch.cat(extra)
 
-    def _talker(self, r: _Request, x: torch.Tensor, pos: torch.Tensor, window: Any) -> Any:
+    def _forward(self, x: torch.Tensor, pos: torch.Tensor, window: Any) -> Any:
+        """One talker forward of inputs `x` at `pos` through a SlotCache window."""
         out = self.model(
             inputs_embeds=x,
             position_ids=pos,
@@ -357,10 +342,9 @@ class TalkerExecutor(HoldsRequests):
             cache=window,
             use_cache=True,
             output_hidden_states=True,
-            generation_step=0,  # read only when a single row comes (a continued session)
+            generation_step=0,  # read (only to count on) when x has one row
         )
         window.commit()
-        r.next_pos = pos[..., -1:] + 1
         return out
 
     def _pick_code0s(self, reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:

@@ -117,8 +117,7 @@ class ThinkerExecutor(HoldsRequests):
             self.lm.config, ctx.max_batch, self.embed.weight.dtype, self.device
         )
         self.prefill_budget = ctx.max_prefill_tokens_per_step
-        self.session_cache_tokens = int(p.get("session_cache_tokens", 65536))
-        self.sessions = KeptSessions(self.cache, self.session_cache_tokens)
+        self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -159,7 +158,7 @@ class ThinkerExecutor(HoldsRequests):
     def has_work(self) -> bool:
         """Some running request decodes or prefills; one waiting for a cache row while every
         row is held makes no work (the loop must not spin on it)."""
-        free = self.cache.in_use() - len(self.sessions) < self.cache.rows
+        free = self.sessions.row_available()
         return any(r.row is not None or free for r in self.running().values())
 
     def step(self) -> list[Emit]:
@@ -171,10 +170,7 @@ class ThinkerExecutor(HoldsRequests):
         for rid, r in list(running.items()):
             if r.decoding or rid not in self.reqs:
                 continue
-            full = self.cache.in_use() >= self.cache.rows
-            if r.row is None and full and r.session not in self.sessions:
-                self.sessions.evict_oldest()  # a kept session yields its row
-            if budget <= 0 or (r.row is None and self.cache.in_use() >= self.cache.rows):
+            if budget <= 0 or (r.row is None and not self.sessions.make_room(r.session)):
                 break  # first come, first served: later prompts wait their turn
             if r.row is None:
                 self._start_prefill(r)
