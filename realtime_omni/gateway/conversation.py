@@ -90,6 +90,14 @@ class Item:
 MAX_BYTES = 32 << 20  # a session's audio and images (about 8 min of 16 kHz float32 audio)
 
 
+def _array_bytes(item: Item) -> int:
+    return sum(
+        (p.audio.nbytes if p.audio is not None else 0)
+        + (p.image.nbytes if p.image is not None else 0)
+        for p in item.parts
+    )
+
+
 class Conversation:
     """The items of one session, bounded: past `max_items` items or `max_bytes` of audio and
     images the oldest go; their ids wait in `dropped` for the session to announce."""
@@ -107,12 +115,17 @@ class Conversation:
             at = self.index(previous_item_id) + 1
         prev = self.items[at - 1].id if at > 0 else None
         self.items.insert(at, item)
-        while len(self.items) > 1 and (
-            len(self.items) > self.max_items or self.array_bytes() > self.max_bytes
-        ):
-            old = self.items.pop(0 if self.items[0] is not item else 1)
-            self.dropped.append(old.id)
+        self._shed(self.max_items, self.max_bytes, keep=item)
         return prev
+
+    def _shed(self, max_items: int, max_bytes: float, keep: Item) -> None:
+        """Drop whole items oldest first, never `keep`, while there are more than `max_items`
+        or their audio and images take more than `max_bytes`; their ids go to `dropped`."""
+        total = self.array_bytes()
+        while len(self.items) > 1 and (len(self.items) > max_items or total > max_bytes):
+            old = self.items.pop(0 if self.items[0] is not keep else 1)
+            total -= _array_bytes(old)
+            self.dropped.append(old.id)
 
     def take_dropped(self) -> list[str]:
         gone, self.dropped = self.dropped, []
@@ -135,27 +148,17 @@ class Conversation:
         return self.items[-1].id if self.items else None
 
     def array_bytes(self) -> int:
-        return sum(
-            (p.audio.nbytes if p.audio is not None else 0)
-            + (p.image.nbytes if p.image is not None else 0)
-            for it in self.items
-            for p in it.parts
-        )
+        return sum(_array_bytes(it) for it in self.items)
 
-    def fit(self, max_bytes: int, retention_ratio: float = 1.0) -> list[str]:
+    def fit(self, max_bytes: int, retention_ratio: float = 1.0) -> None:
         """The truncation rule: when the conversation's audio and images exceed `max_bytes`
         (what one turn's payload may carry), delete whole items oldest first until they take at
-        most `retention_ratio` x `max_bytes`; the ids deleted, oldest first. The newest item is
+        most `retention_ratio` x `max_bytes`; their ids go to `dropped`. The newest item is
         never deleted (a turn of it alone that is too large fails its response). A ratio below 1
         drops more at once, so the kept history stays one prefix for several turns and the
         stages' kept caches keep serving it."""
-        if self.array_bytes() <= max_bytes:
-            return []
-        budget = retention_ratio * max_bytes
-        gone = []
-        while len(self.items) > 1 and self.array_bytes() > budget:
-            gone.append(self.items.pop(0).id)
-        return gone
+        if self.items and self.array_bytes() > max_bytes:
+            self._shed(self.max_items, retention_ratio * max_bytes, keep=self.items[-1])
 
     def payload(
         self,

@@ -287,10 +287,14 @@ class Session:
     def _add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Add to the conversation; announce what its bounds dropped to make room."""
         prev = self.conversation.add(item, previous_item_id)
+        self._announce_dropped()
+        return prev
+
+    def _announce_dropped(self) -> None:
+        """Tell the client of every item the conversation's bounds or truncation deleted."""
         for item_id in self.conversation.take_dropped():
             self._item_response.pop(item_id, None)
             self._emit("conversation.item.deleted", item_id=item_id)
-        return prev
 
     def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
         item = Item(item_id, "user", [Part("audio", audio=pcm)])
@@ -340,9 +344,8 @@ class Session:
                 )
             return
         ratio = 1.0 if truncation == "auto" else float(truncation)
-        for item_id in self.conversation.fit(room, ratio):
-            self._item_response.pop(item_id, None)
-            self._emit("conversation.item.deleted", item_id=item_id)
+        self.conversation.fit(room, ratio)
+        self._announce_dropped()
 
     def _start_response(self, overrides: dict[str, Any], turn_end: float) -> _Response:
         if self._response is not None:
