@@ -37,7 +37,7 @@ class _EncoderExecutor:
         self.dtype = model_dtype(ctx.model, ctx.device)
         self.model = load_part(d, self.part, ctx.device, self.dtype, load_config(d))
         self.max_batch = ctx.max_batch
-        self.todo: dict[str, dict[str, torch.Tensor]] = {}
+        self.todo: dict[str, dict[str, Any]] = {}  # request -> its input tensors (and notes)
 
     def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
         (payload,) = inputs.values()
@@ -69,7 +69,7 @@ class _EncoderExecutor:
     def abort(self, request_id: str) -> None:
         self.todo.pop(request_id, None)
 
-    def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
+    def _encode(self, batch: list[dict[str, Any]]) -> list[Payload]:
         raise NotImplementedError
 
 
@@ -85,21 +85,26 @@ class AudioEncoderExecutor(_EncoderExecutor):
         self.cache_clips = int(ctx.params.get("cache_clips", 256))
         self.cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
 
-    def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
-        clips: list[list[bytes]] = []  # per request, its clips' digests in order
+    def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
+        super().add_request(request_id, inputs)
+        todo = self.todo[request_id]
+        if todo:  # the clips' lengths and digests, from the host arrays: no device round trip
+            (payload,) = inputs.values()
+            lengths = [int(n) for n in payload["audio_lengths"]]
+            clips = np.split(payload["mel"], np.cumsum(lengths)[:-1], axis=1)
+            todo["lengths"] = lengths
+            todo["clips"] = [hashlib.blake2b(c.tobytes(), digest_size=16).digest() for c in clips]
+
+    def _encode(self, batch: list[dict[str, Any]]) -> list[Payload]:
         todo: dict[bytes, torch.Tensor] = {}  # clips to encode now: digest -> mel
         for b in batch:
-            keys = []
-            for mel in b["mel"].split(b["audio_lengths"].tolist(), dim=1):
-                key = hashlib.blake2b(mel.cpu().numpy().tobytes(), digest_size=16).digest()
-                keys.append(key)
+            for mel, key in zip(b["mel"].split(b["lengths"], dim=1), b["clips"], strict=True):
                 if key not in self.cache:
                     todo[key] = mel
-            clips.append(keys)
         if todo:
             self._encode_clips(todo)
         out = []
-        for keys in clips:
+        for keys in (b["clips"] for b in batch):
             for k in keys:
                 self.cache.move_to_end(k)
             out.append({"audio_embeds": torch.cat([self.cache[k] for k in keys])})
@@ -126,7 +131,7 @@ class AudioEncoderExecutor(_EncoderExecutor):
 class ImageEncoderExecutor(_EncoderExecutor):
     part = "image_encoder"
 
-    def _encode(self, batch: list[dict[str, torch.Tensor]]) -> list[Payload]:
+    def _encode(self, batch: list[dict[str, Any]]) -> list[Payload]:
         pixels = torch.cat([b["pixel_values"] for b in batch]).to(self.dtype)
         grids = torch.cat([b["image_grid_thw"] for b in batch])
         out = self.model(pixels, grid_thw=grids)
