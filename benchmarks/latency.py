@@ -3,7 +3,7 @@ abort, and late output frames with 1, 4 and 16 (`--sessions`) concurrent calls.
 
 For each config the script starts a server (this script in `--serve` mode: the real app on
 uvicorn in its own process, plus a `/bench/raw` route that hands over the raw timings) and calls
-it with the aiortc caller of `realtime_omni.gateway.webrtc_client`, which speaks espeak-ng speech
+it with the aiortc caller of `realtime_omni.clients.webrtc`, which speaks espeak-ng speech
 into its microphone track in real time:
 
 - one call, `--turns` turns: speech, the answer starts, plays `HOLD_S`, then the caller talks
@@ -41,8 +41,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from realtime_omni.clients.webrtc import Caller, espeak, http  # noqa: E402
 from realtime_omni.gateway.audio import resample  # noqa: E402
-from realtime_omni.gateway.webrtc_client import Caller, espeak, http  # noqa: E402
 
 CONFIGS = {
     "simulated": ROOT / "configs/simulated-qwen3-omni.yaml",

@@ -32,10 +32,10 @@ from starlette.staticfiles import StaticFiles
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.protocol import Settings
-from realtime_omni.gateway.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.session import Session, VadModel
-from realtime_omni.gateway.webrtc import WebRtcCalls
-from realtime_omni.gateway.webrtc import routes as webrtc_routes
+from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
+from realtime_omni.gateway.transports.webrtc import WebRtcCalls
+from realtime_omni.gateway.transports.webrtc import routes as webrtc_routes
 from realtime_omni.pipeline.config import EdgeConfig, PipelineConfig
 from realtime_omni.pipeline.messages import CLIENT
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from realtime_omni.clients.webrtc import espeak
 from realtime_omni.gateway.audio import resample
-from realtime_omni.gateway.webrtc_client import espeak
 from tests.conftest import ROOT, timeout
 
 MAX_SESSIONS = 3

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from realtime_omni.clients.webrtc import Caller, http
 from realtime_omni.gateway.audio import resample
-from realtime_omni.gateway.webrtc_client import Caller, http
 from tests.conftest import run, timeout
 from tests.e2e.conftest import serving
 

@@ -45,10 +45,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from realtime_omni.gateway.ice import rtc_configuration, use_host_addresses
 from realtime_omni.gateway.protocol import error_event, event_id
 from realtime_omni.gateway.session import Session
-from realtime_omni.gateway.webrtc_media import (
+from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
+from realtime_omni.gateway.transports.webrtc_media import (
     PLAYOUT_RATE_HZ,
     PlayoutTrack,
     pump_audio,

@@ -38,9 +38,14 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
-from realtime_omni.gateway.ice import LOOPBACK, use_host_addresses
-from realtime_omni.gateway.webrtc import EVENTS_LABEL
-from realtime_omni.gateway.webrtc_media import FRAME_S, FRAME_SAMPLES, RATE_HZ, frame_to_mono
+from realtime_omni.gateway.transports.ice import LOOPBACK, use_host_addresses
+from realtime_omni.gateway.transports.webrtc import EVENTS_LABEL
+from realtime_omni.gateway.transports.webrtc_media import (
+    FRAME_S,
+    FRAME_SAMPLES,
+    RATE_HZ,
+    frame_to_mono,
+)
 
 VIDEO_CLOCK_HZ = 90000  # RTP's video clock
 
