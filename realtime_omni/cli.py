@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         help="offer only this address as a WebRTC host candidate (repeatable; e.g. 127.0.0.1)",
     )
+    serve.add_argument(
+        "--sip-port",
+        type=int,
+        help="answer SIP calls on this UDP port (the config's `sip:` section says the rest; "
+        "0: any free port)",
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
     run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
@@ -93,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from realtime_omni.gateway.app import GatewayConfig, serve
+    from realtime_omni.gateway.app import serve
+    from realtime_omni.gateway.config import GatewayConfig, load_server_config
 
-    cfg = load_config(args.config)
+    cfg, phone, sip = load_server_config(args.config)
     try:
         ice_servers = json.loads(args.ice_servers)
     except json.JSONDecodeError as e:
@@ -105,6 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_lead_ms=args.max_lead_ms,
         ice_servers=ice_servers if isinstance(ice_servers, list) else [ice_servers],
         ice_host_addresses=args.ice_host_address,
+        phone=phone,
+        sip=sip.model_copy(update={"port": args.sip_port}) if args.sip_port is not None else None,
     )
     asyncio.run(serve(cfg, args.host, args.port, gw))
     return 0

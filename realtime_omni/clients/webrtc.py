@@ -51,11 +51,15 @@ VIDEO_CLOCK_HZ = 90000  # RTP's video clock
 
 
 def http(
-    method: str, url: str, body: bytes | None = None, content_type: str | None = None
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    content_type: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, str], bytes]:
     """One blocking HTTP request: (status, headers with lower-case names, body), error statuses
     included."""
-    req = urllib.request.Request(url, data=body, method=method)
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     if content_type:
         req.add_header("Content-Type", content_type)
     try:

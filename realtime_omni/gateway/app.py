@@ -18,7 +18,6 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,11 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from realtime_omni.errors import OmniError
+from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.protocol import Settings
 from realtime_omni.gateway.session import Session, VadModel
+from realtime_omni.gateway.transports import media_stream
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
 from realtime_omni.gateway.transports.webrtc import routes as webrtc_routes
@@ -41,26 +42,6 @@ from realtime_omni.pipeline.messages import CLIENT
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
-
-
-@dataclass
-class GatewayConfig:
-    max_sessions: int = 16  # more connections are refused with `too_many_sessions`
-    max_message_bytes: int = 8 << 20  # larger WebSocket messages get `message_too_large`
-    max_lead_ms: float = 2000.0  # audio made ahead of playout, per session
-    send_ahead_ms: float = 100.0  # WebSocket audio sent ahead of real time (client jitter)
-    entry_slot_bytes: int = 4 << 20  # a turn's payload limit (conversation audio and images),
-    # used when the pipeline config sets no `client -> entry` edge of its own
-    max_session_bytes: int = 32 << 20  # a session's audio and images; the oldest items go past
-    # it (announced with conversation.item.deleted), so a client cannot grow a session for ever
-    vad: bool = True  # load silero-vad; off only for tests without torch
-    # WebRTC. STUN/TURN servers for the calls' ICE, in the browser's RTCIceServer shape:
-    # [{"urls": "turn:turn.example.com:3478", "username": "u", "credential": "p"}]. Empty: host
-    # candidates only, enough for loopback and LAN calls (aiortc's default public STUN is not used).
-    ice_servers: list[dict[str, Any]] = field(default_factory=list)
-    # Addresses offered as ICE host candidates. None: every interface's, plus 127.0.0.1 (which
-    # aioice leaves out, so a loopback-only machine could not call). ["127.0.0.1"]: loopback only.
-    ice_host_addresses: list[str] | None = None
 
 
 class Gateway:
@@ -119,7 +100,12 @@ class Gateway:
                 out[k] = {"p50": round(float(p50), 2), "p99": round(float(p99), 2), "n": len(vals)}
         return out
 
-    def new_session(self, model: str = "qwen3-omni", output_rate_hz: int | None = None) -> Session:
+    def new_session(
+        self,
+        model: str = "qwen3-omni",
+        output_rate_hz: int | None = None,
+        transport: str = "websocket",
+    ) -> Session:
         from realtime_omni.pipeline.graph import Graph
 
         entry = Graph(self.pipeline).edge(CLIENT, self.pipeline.entry)
@@ -132,6 +118,7 @@ class Gateway:
             max_payload_bytes=entry.slot_bytes - 64 * 1024,  # room for alignment padding
             max_session_bytes=self.config.max_session_bytes,
             on_metric=self.exporter.observe,
+            transport=transport,
         )
 
 
@@ -198,6 +185,7 @@ async def _stats(request: Request) -> Response:
             "active_requests": held,
             "steps_since": steps,
             "webrtc": request.app.state.webrtc.stats(),
+            "phone": request.app.state.phones.stats(),
             "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
         }
     )
@@ -208,6 +196,7 @@ def create_app(
 ) -> Starlette:
     gw = Gateway(pipeline, config, coordinator)
     calls = WebRtcCalls(gw)
+    phones = media_stream.PhoneCalls(gw)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -228,6 +217,7 @@ def create_app(
             Route("/v1/stats", _stats),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             *webrtc_routes(),
+            *media_stream.routes(phones),
             # The demo page's scripts and styles (web/); check_dir: the app runs without them.
             Mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static"),
         ],
@@ -235,6 +225,7 @@ def create_app(
     )
     app.state.gateway = gw
     app.state.webrtc = calls
+    app.state.phones = phones
     app.state.gc_frozen = 0  # objects `serve` froze once up
     return app
 

@@ -25,6 +25,9 @@ _SESSION = {
 }
 
 
+TRANSPORTS = ("websocket", "webrtc", "twilio", "telnyx", "plivo", "sip")  # always exported
+
+
 class Exporter:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -87,8 +90,11 @@ class Exporter:
         for process, epoch in coord.epochs.items():
             self.restarts.labels(process).set(epoch)
         calls = webrtc.stats()
-        self.sessions.labels("webrtc").set(calls["live"])
-        self.sessions.labels("websocket").set(max(0, len(gateway.sessions) - calls["live"]))
+        live: dict[str, int] = dict.fromkeys(TRANSPORTS, 0)
+        for s in gateway.sessions:
+            live[s.transport] = live.get(s.transport, 0) + 1
+        for transport, n in live.items():
+            self.sessions.labels(transport).set(n)
         self.in_flight.set(coord.in_flight)
         self.frames.inc(max(0, calls["frames"] - self._frames))
         self.late.inc(max(0, calls["frames_late"] - self._late))

@@ -117,8 +117,16 @@ class Session:
         max_payload_bytes: int | None = None,
         max_session_bytes: int = MAX_BYTES,
         on_metric: Callable[[str, float], None] | None = None,
+        transport: str = "websocket",
     ) -> None:
         self.coord = coord
+        self.transport = transport  # where the call came in: websocket, webrtc, twilio, sip...
+        # What the person has heard of an item, in ms, where the transport knows better than
+        # what was read out (a phone provider's marks); a barge-in keeps that much.
+        self.heard_ms: Callable[[str], int] | None = None
+        # Called when queued audio is dropped (barge-in, cancel, clear), so a transport with a
+        # buffer of its own downstream (a phone provider's) can flush that too, at once.
+        self.on_flush: Callable[[], None] | None = None
         self.on_metric = on_metric  # each measurement as it is made (Prometheus histograms)
         self.id = new_id("sess")
         self.settings = settings or Settings()
@@ -183,6 +191,11 @@ class Session:
 
     def response_of(self, item_id: str) -> str | None:
         return self._item_response.get(item_id)
+
+    @property
+    def input_speaking(self) -> bool:
+        """The VAD hears the person speaking now."""
+        return self._vad.speaking
 
     @property
     def active_response(self) -> str | None:
@@ -325,6 +338,12 @@ class Session:
                 self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)
         return r
 
+    def _flush(self, item_id: str | None = None) -> None:
+        """Drop what is queued (of one item, or all) and tell the transport."""
+        self.playout.clear(item_id)
+        if self.on_flush is not None:
+            self.on_flush()
+
     # ---- responses ---------------------------------------------------------------------
 
     def _truncate(self, truncation: str | float) -> None:
@@ -423,12 +442,12 @@ class Session:
                 await asyncio.sleep(0.01)
         except OmniError as e:
             log.warning("response %s failed: %s", resp.id, e)
-            self.playout.clear(resp.item.id)
+            self._flush(resp.item.id)
             self._finish(resp, "failed", {"type": "failed", "error": {"message": str(e)}})
             return
         except Exception as e:  # a bug: the response fails, and the session takes the next one
             log.exception("response %s failed", resp.id)
-            self.playout.clear(resp.item.id)
+            self._flush(resp.item.id)
             error = {"type": "server_error", "message": f"internal error: {e}"}
             self._finish(resp, "failed", {"type": "failed", "error": error})
             return
@@ -486,7 +505,7 @@ class Session:
 
     def _barge_in(self) -> None:
         """Speech over the bot: silence from the next read, then cancel in the background."""
-        self.playout.clear()
+        self._flush()
         self._barge_at = time.monotonic()
         self._track(self.cancel_response("turn_detected"))
 
@@ -497,7 +516,7 @@ class Session:
         if resp is None or resp.ending:
             return resp is not None
         resp.ending = True
-        self.playout.clear(resp.item.id)
+        self._flush(resp.item.id)
         if resp.task is not None:
             resp.task.cancel()
             await asyncio.gather(resp.task, return_exceptions=True)
@@ -507,6 +526,8 @@ class Session:
         finally:
             self._metric("abort_ms", (time.monotonic() - t0) * 1e3)
             played_ms = self.playout.played_ms(resp.item.id)
+            if self.heard_ms is not None:
+                played_ms = min(played_ms, self.heard_ms(resp.item.id))
             resp.item.truncate(min(played_ms, resp.item.audio_ms))
             self.playout.forget(resp.item.id)
             self._finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
@@ -526,6 +547,13 @@ class Session:
             if frame.ndim != 3 or frame.shape[2] != 3:
                 raise ValueError(f"a video frame must be uint8 [H, W, 3], got {frame.shape}")
         self._video = frame
+
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed (a phone bridge's `dtmf`, SIP's RFC 4733 events), announced
+        as OpenAI's SIP calls announce it; a controlling client decides what it means."""
+        self._emit(
+            "input_audio_buffer.dtmf_event_received", event=digit, received_at=int(time.time())
+        )
 
     # ---- client events -----------------------------------------------------------------
 
@@ -610,7 +638,7 @@ class Session:
         self._emit("input_audio_buffer.cleared")
 
     async def _output_clear(self, ev: dict[str, Any]) -> None:
-        self.playout.clear()
+        self._flush()
         self._emit("output_audio_buffer.cleared", response_id=self.active_response)
 
     async def _item_create(self, ev: dict[str, Any]) -> None:
@@ -644,7 +672,7 @@ class Session:
             raise ProtocolError("only assistant items can be truncated", param="item_id")
         if self._response is not None and self._response.item is item:
             await self.cancel_response("client_cancelled")
-        self.playout.clear(item.id)
+        self._flush(item.id)
         try:
             item.truncate(ms)
         except ValueError as e:

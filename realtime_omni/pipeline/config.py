@@ -20,6 +20,9 @@ from realtime_omni.errors import ConfigError
 Transport = Literal["auto", "reference", "inline", "shm", "cuda_ipc", "tcp"]
 _DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+# Top-level sections of a config file that belong to the gateway (`gateway/config.py` parses
+# them); the pipeline's parser leaves them out.
+GATEWAY_SECTIONS = ("phone", "sip")
 
 
 class _Strict(BaseModel):
@@ -176,6 +179,7 @@ def load_config(path: str | Path) -> PipelineConfig:
 def parse_config(data: Any, source: str = "config") -> PipelineConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    data = {k: v for k, v in data.items() if k not in GATEWAY_SECTIONS}
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as e:

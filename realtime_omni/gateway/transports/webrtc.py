@@ -281,7 +281,7 @@ class WebRtcCalls:
             self.forget(old)  # out of the registry and the count now; it closes in the background
             self.gw.sessions.discard(old.session)
             old.end("its place went to a newer offer before it connected")
-        session = self.gw.new_session(output_rate_hz=PLAYOUT_RATE_HZ)
+        session = self.gw.new_session(output_rate_hz=PLAYOUT_RATE_HZ, transport="webrtc")
         self.gw.sessions.add(session)  # before any await: the limit holds under a burst
         call = WebRtcCall(self, session)
         self.calls[call.id] = call

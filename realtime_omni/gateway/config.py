@@ -1,0 +1,187 @@
+"""The gateway's settings: what `realtime-omni serve` takes from its flags (`GatewayConfig`) and
+the `phone:` and `sip:` sections of the config file (`PhoneConfig`, `SipConfig`), which the
+pipeline's own parser leaves to this one.
+
+    pipeline, phone, sip = load_server_config("configs/tiny.yaml")
+
+```yaml
+phone:
+  public_url: wss://voice.example.com     # the stream URL the Twilio webhook's TwiML names
+  idle_timeout_s: 60                      # no speech and no answer this long: goodbye, hang up
+  routes:
+    default: {session: {instructions: "You are a helpful phone agent."}}
+    twilio: {session: {audio: {output: {voice: Ethan}}}}
+sip:
+  bind: 0.0.0.0
+  public_address: 203.0.113.7
+  allowed_peers: [10.0.0.0/8, 203.0.113.20]
+  registration: {registrar: "sip:trunk.example.com", user: "+15550100", password_env: TRUNK_PW}
+```
+
+A route's `session` is what a client would put in `session.update` (GA or beta shape); a
+provider's route is laid over `default`, and a call's own stream parameters over both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from realtime_omni.errors import ConfigError
+from realtime_omni.pipeline.config import GATEWAY_SECTIONS, PipelineConfig, load_config
+
+Route = Literal["default", "twilio", "telnyx", "plivo", "sip"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PhoneRoute(_Strict):
+    session: dict[str, Any] = Field(
+        default_factory=dict,
+        description="session settings for calls on this route, as in session.update",
+    )
+
+
+class PhoneConfig(_Strict):
+    """Calls from a phone: the media-stream bridges (`/v1/phone/<provider>`) and SIP."""
+
+    enabled: bool = True  # the /v1/phone routes; false: they are not served
+    public_url: str | None = Field(
+        None,
+        description="base URL providers reach this server at (wss://host[:port]); None: the "
+        "webhook request's Host, wss behind TLS (X-Forwarded-Proto: https), else ws",
+    )
+    lead_ms: float = Field(80.0, gt=0, le=1000, description="audio sent ahead of real time")
+    start_timeout_s: float = Field(10.0, gt=0, description="a stream must send `start` by then")
+    idle_timeout_s: float | None = Field(
+        60.0, gt=0, description="no speech and no answer this long ends the call; None: never"
+    )
+    goodbye_instructions: str = Field(
+        "The caller has said nothing for a while. Say a short, polite goodbye.",
+        description="what the bot is asked to say before an idle hang-up; empty: hang up at once",
+    )
+    goodbye_max_s: float = Field(15.0, gt=0, description="the goodbye's limit before hang-up")
+    max_message_bytes: int = Field(1 << 20, gt=0, description="larger messages are dropped")
+    routes: dict[Route, PhoneRoute] = Field(default_factory=dict)
+
+    def session_for(self, route: str) -> dict[str, Any]:
+        """The route's session settings laid over the default route's."""
+        base = self.routes.get("default", PhoneRoute()).session
+        return merge(base, self.routes.get(route, PhoneRoute()).session)  # type: ignore[call-overload]
+
+
+class SipRegistration(_Strict):
+    """Register with a trunk or PBX, so calls to `user` reach this server."""
+
+    registrar: str = Field(description="e.g. sip:trunk.example.com")
+    user: str = Field(description="the account's user part, e.g. +15550100")
+    realm: str = "*"
+    username_env: str | None = Field(None, description="env var of the auth user (else `user`)")
+    password_env: str = Field(
+        "REALTIME_OMNI_SIP_PASSWORD", description="env var holding the password; never the file"
+    )
+
+    def credentials(self) -> tuple[str, str]:
+        password = os.environ.get(self.password_env)
+        if password is None:
+            raise ConfigError(
+                f"sip.registration: the environment variable {self.password_env} (the trunk's "
+                "password) is not set. Fix: export it, or name another in password_env"
+            )
+        user = os.environ.get(self.username_env, "") if self.username_env else self.user
+        return user or self.user, password
+
+
+class SipConfig(_Strict):
+    """The SIP user agent (`serve --sip-port`): UDP signalling, G.711 over RTP."""
+
+    bind: str = Field("127.0.0.1", description="address SIP and RTP listen on")
+    port: int = Field(5060, ge=0, le=65535, description="SIP's UDP port; --sip-port sets it")
+    public_address: str | None = Field(
+        None, description="address put in Contact and SDP (behind NAT); None: the bound one"
+    )
+    allowed_peers: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1/32"],
+        description="addresses or networks whose INVITEs are answered; others get 403",
+    )
+    rtp_port: int = Field(40000, ge=1024, le=65535, description="first RTP port")
+    rtp_port_range: int = Field(1000, ge=2, description="RTP ports from rtp_port on")
+    codecs: list[Literal["PCMU", "PCMA"]] = Field(default_factory=lambda: ["PCMU", "PCMA"])
+    max_calls: int = Field(32, gt=0, description="more INVITEs get 486 Busy Here")
+    registration: SipRegistration | None = None
+
+    @field_validator("allowed_peers")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for peer in v:
+            try:
+                ipaddress.ip_network(peer, strict=False)
+            except ValueError:
+                raise ValueError(f"{peer!r} is not an IP address or network") from None
+        return v
+
+    def allows(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in ipaddress.ip_network(p, strict=False) for p in self.allowed_peers)
+
+
+@dataclass
+class GatewayConfig:
+    max_sessions: int = 16  # more connections are refused with `too_many_sessions`
+    max_message_bytes: int = 8 << 20  # larger WebSocket messages get `message_too_large`
+    max_lead_ms: float = 2000.0  # audio made ahead of playout, per session
+    send_ahead_ms: float = 100.0  # WebSocket audio sent ahead of real time (client jitter)
+    entry_slot_bytes: int = 4 << 20  # a turn's payload limit (conversation audio and images),
+    # used when the pipeline config sets no `client -> entry` edge of its own
+    max_session_bytes: int = 32 << 20  # a session's audio and images; the oldest items go past
+    # it (announced with conversation.item.deleted), so a client cannot grow a session for ever
+    vad: bool = True  # load silero-vad; off only for tests without torch
+    # WebRTC. STUN/TURN servers for the calls' ICE, in the browser's RTCIceServer shape:
+    # [{"urls": "turn:turn.example.com:3478", "username": "u", "credential": "p"}]. Empty: host
+    # candidates only, enough for loopback and LAN calls (aiortc's default public STUN is not used).
+    ice_servers: list[dict[str, Any]] = field(default_factory=list)
+    # Addresses offered as ICE host candidates. None: every interface's, plus 127.0.0.1 (which
+    # aioice leaves out, so a loopback-only machine could not call). ["127.0.0.1"]: loopback only.
+    ice_host_addresses: list[str] | None = None
+    phone: PhoneConfig = field(default_factory=PhoneConfig)  # the config file's `phone:`
+    sip: SipConfig | None = None  # the config file's `sip:` with --sip-port; None: no SIP
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base`, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_server_config(path: str | Path) -> tuple[PipelineConfig, PhoneConfig, SipConfig]:
+    """The pipeline config and the gateway's sections of the same file."""
+    pipeline = load_config(path)
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return pipeline, _section(PhoneConfig, data, "phone"), _section(SipConfig, data, "sip")
+
+
+def _section(model: Any, data: dict[str, Any], name: str) -> Any:
+    assert name in GATEWAY_SECTIONS
+    try:
+        return model.model_validate(data.get(name) or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join([name, *(str(p) for p in err["loc"])])
+        top = model.model_fields.get(err["loc"][0]) if err["loc"] else None
+        about = f" ({top.description})" if top is not None and top.description else ""
+        raise ConfigError(
+            f"config field {where!r} = {err.get('input')!r}: {err['msg']}{about}"
+        ) from None

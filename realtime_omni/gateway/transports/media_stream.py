@@ -1,0 +1,586 @@
+"""Phone calls through a provider's WebSocket media stream: Twilio, Telnyx, Plivo.
+
+    /v1/phone/twilio   /v1/phone/telnyx   /v1/phone/plivo      (WebSocket, the provider connects)
+    POST /v1/phone/twilio/voice                                 (Twilio's voice webhook: TwiML)
+
+The three protocols differ in names only: JSON messages with base64 G.711 at 8 kHz, a `start`
+naming the stream, `media` both ways, a mark the provider echoes once the audio before it has
+been played, and a message that drops what the provider has queued. A `Dialect` says how one
+provider spells them; `PhoneCall` is the one implementation around a `Session`.
+
+Out: the playout queue is read at 8 kHz in real time plus `lead_ms` (the provider buffers that
+much), each read sent as one `media` and followed by a mark. The marks that come back say what
+the caller has heard, and a barge-in keeps that much of the answer (`Session.heard_ms`), not
+what was sent. When the session drops queued audio (barge-in, cancel) the provider's buffer is
+cleared at once, and marks it echoes for the cleared audio are not taken as heard.
+
+In: `media` is decoded, and the session resamples it for the VAD and the model as any other
+audio. `dtmf` goes to the session as an event. A call with neither speech nor an answer for
+`idle_timeout_s` gets a short goodbye, then the WebSocket closes (the provider ends the call).
+
+Bad input (not JSON, an unknown event, bad base64, `media` before `start`, a second `start`) is
+logged and dropped; the call goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+from xml.sax.saxutils import quoteattr
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from realtime_omni.gateway import audio
+from realtime_omni.gateway.config import PhoneConfig, merge
+from realtime_omni.gateway.protocol import ProtocolError
+from realtime_omni.gateway.session import Session
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+RATE_HZ = 8000
+TICK_S = 0.02
+FRAME_SAMPLES = 160  # 20 ms at 8 kHz
+MAX_MARKS = 3000  # marks awaiting their echo (a minute of 20 ms reads); older ones are dropped
+MAX_LOGGED = 5  # bad messages logged per call; the rest are counted
+
+
+class BadMessage(Exception):
+    """A message that does not follow the provider's protocol."""
+
+
+@dataclass(frozen=True)
+class Start:
+    stream_id: str
+    call_id: str
+    codec: str  # "ulaw" | "alaw"
+    parameters: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    kind: str  # connected start media dtmf mark stop cleared
+    start: Start | None = None
+    payload: str = ""  # media: base64; dtmf: the digit; mark: its name
+
+
+def _obj(msg: dict[str, Any], key: str) -> dict[str, Any]:
+    v = msg.get(key)
+    if not isinstance(v, dict):
+        raise BadMessage(f"`{key}` must be an object")
+    return v
+
+
+def _str(obj: dict[str, Any], key: str) -> str:
+    v = obj.get(key)
+    if not isinstance(v, str) or not v:
+        raise BadMessage(f"`{key}` must be a non-empty string")
+    return v
+
+
+def _codec(encoding: Any) -> str:
+    enc = str(encoding).lower()
+    if enc in ("audio/x-mulaw", "pcmu", "mulaw", "ulaw"):
+        return "ulaw"
+    if enc in ("audio/x-alaw", "pcma", "alaw"):
+        return "alaw"
+    raise BadMessage(f"media format {encoding!r}: only G.711 mu-law or A-law at 8 kHz is spoken")
+
+
+def _rate(rate: Any) -> None:
+    if rate not in (None, RATE_HZ, str(RATE_HZ)):
+        raise BadMessage(f"sample rate {rate!r}: only {RATE_HZ} Hz is spoken")
+
+
+def _params(v: Any) -> dict[str, str]:
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    parse: Callable[[dict[str, Any]], Inbound]
+    media: Callable[[str, str], dict[str, Any]]  # (stream_id, base64) -> message
+    mark: Callable[[str, str], dict[str, Any]]  # (stream_id, name) -> message
+    clear: Callable[[str], dict[str, Any]]  # stream_id -> message
+
+
+def _twilio(msg: dict[str, Any]) -> Inbound:
+    kind = msg.get("event")
+    if kind == "start":
+        s = _obj(msg, "start")
+        fmt = s.get("mediaFormat") or {}
+        _rate(fmt.get("sampleRate"))
+        start = Start(
+            _str(s, "streamSid"),
+            _str(s, "callSid"),
+            _codec(fmt.get("encoding", "audio/x-mulaw")),
+            _params(s.get("customParameters")),
+        )
+        return Inbound("start", start)
+    return _common(msg, kind)
+
+
+def _telnyx(msg: dict[str, Any]) -> Inbound:
+    kind = msg.get("event")
+    if kind == "start":
+        s = _obj(msg, "start")
+        fmt = s.get("media_format") or {}
+        _rate(fmt.get("sample_rate"))
+        params = _params(s.get("custom_parameters"))
+        if isinstance(s.get("client_state"), str):
+            params.setdefault("client_state", s["client_state"])
+        stream = msg.get("stream_id") or s.get("stream_id")
+        start = Start(
+            _str({"stream_id": stream}, "stream_id"),
+            _str(s, "call_control_id"),
+            _codec(fmt.get("encoding", "PCMU")),
+            params,
+        )
+        return Inbound("start", start)
+    if kind == "media" and _obj(msg, "media").get("track", "inbound") != "inbound":
+        return Inbound("ignored")  # both_tracks: the bot's own audio comes back too
+    return _common(msg, kind)
+
+
+def _plivo(msg: dict[str, Any]) -> Inbound:
+    kind = msg.get("event")
+    if kind == "start":
+        s = _obj(msg, "start")
+        fmt = s.get("mediaFormat") or {}
+        _rate(fmt.get("sampleRate"))
+        params = _params(s.get("customParameters"))
+        # Plivo passes a stream's extra headers as "k1=v1,k2=v2"
+        for pair in str(s.get("extra_headers") or "").split(","):
+            k, eq, v = pair.partition("=")
+            if eq and k.strip():
+                params.setdefault(k.strip(), v.strip())
+        start = Start(
+            _str(s, "streamId"),
+            _str(s, "callId"),
+            _codec(fmt.get("encoding", "audio/x-mulaw")),
+            params,
+        )
+        return Inbound("start", start)
+    if kind == "playedStream":
+        return Inbound("mark", payload=_str(msg, "name"))
+    if kind == "clearedAudio":
+        return Inbound("cleared")
+    return _common(msg, kind)
+
+
+def _common(msg: dict[str, Any], kind: Any) -> Inbound:
+    if kind == "media":
+        return Inbound("media", payload=_str(_obj(msg, "media"), "payload"))
+    if kind == "dtmf":
+        return Inbound("dtmf", payload=_str(_obj(msg, "dtmf"), "digit"))
+    if kind == "mark":
+        return Inbound("mark", payload=_str(_obj(msg, "mark"), "name"))
+    if kind in ("connected", "stop"):
+        return Inbound(kind)
+    raise BadMessage(f"unknown event {kind!r}")
+
+
+DIALECTS = {
+    "twilio": Dialect(
+        "twilio",
+        _twilio,
+        media=lambda sid, b64: {"event": "media", "streamSid": sid, "media": {"payload": b64}},
+        mark=lambda sid, n: {"event": "mark", "streamSid": sid, "mark": {"name": n}},
+        clear=lambda sid: {"event": "clear", "streamSid": sid},
+    ),
+    "telnyx": Dialect(
+        "telnyx",
+        _telnyx,
+        media=lambda sid, b64: {"event": "media", "media": {"payload": b64}},
+        mark=lambda sid, n: {"event": "mark", "mark": {"name": n}},
+        clear=lambda sid: {"event": "clear"},
+    ),
+    "plivo": Dialect(
+        "plivo",
+        _plivo,
+        media=lambda sid, b64: {
+            "event": "playAudio",
+            "streamId": sid,
+            "media": {"contentType": "audio/x-mulaw", "sampleRate": RATE_HZ, "payload": b64},
+        },
+        mark=lambda sid, n: {"event": "checkpoint", "streamId": sid, "name": n},
+        clear=lambda sid: {"event": "clearAudio", "streamId": sid},
+    ),
+}
+
+
+@dataclass
+class Heard:
+    """What the caller has heard of each item, from the provider's marks. No I/O.
+
+    `sent(item, end)` gives the name of the mark to send after audio of `item` up to sample
+    `end`; `echoed(name)` takes one back. `cleared()` makes every mark still out void: the
+    provider echoes those when its buffer is dropped, but that audio was never played."""
+
+    marks: OrderedDict[str, tuple[str, int]] = field(default_factory=OrderedDict)
+    heard: dict[str, int] = field(default_factory=dict)  # item -> samples
+    echoes: int = 0  # marks taken back over the call
+    _seq: int = 0
+
+    def sent(self, item_id: str, end: int) -> str:
+        self._seq += 1
+        name = f"m{self._seq}"
+        self.marks[name] = (item_id, end)
+        while len(self.marks) > MAX_MARKS:
+            self.marks.popitem(last=False)
+        return name
+
+    def echoed(self, name: str) -> None:
+        got = self.marks.pop(name, None)
+        if got is None:
+            return
+        self.echoes += 1
+        item_id, end = got
+        self.heard[item_id] = max(self.heard.get(item_id, 0), end)
+        for older in [n for n, (i, e) in self.marks.items() if i == item_id and e <= end]:
+            del self.marks[older]  # a provider may skip marks; the later one says enough
+
+    def cleared(self) -> None:
+        self.marks.clear()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.marks)
+
+
+class PhoneCall:
+    """One media-stream WebSocket: the provider's protocol around one `Session`."""
+
+    def __init__(self, ws: WebSocket, gw: Gateway, dialect: Dialect) -> None:
+        self.ws, self.gw, self.dialect = ws, gw, dialect
+        self.name = dialect.name
+        self.config: PhoneConfig = gw.config.phone
+        self.start: Start | None = None
+        self.session: Session | None = None
+        self.heard = Heard()
+        self._sent: dict[str, int] = {}  # item -> samples sent
+        self._clear = False  # a clear is due
+        self._wake = asyncio.Event()
+        self._last_activity = time.monotonic()
+        self._goodbye_at: float | None = None
+        self._hang_up = asyncio.Event()
+        self._bad = 0
+        self._decode = audio.ulaw_decode
+        self._encode = audio.ulaw_encode
+
+    # ---- the session's hooks -------------------------------------------------------------
+
+    def _heard_ms(self, item_id: str) -> int:
+        """Marks when the provider echoes them; what was sent for one that never does."""
+        source = self.heard.heard if self.heard.echoes else self._sent
+        return source.get(item_id, 0) * 1000 // RATE_HZ
+
+    def _on_flush(self) -> None:
+        if self.heard.pending or self._clear:
+            self._clear = True
+            self.heard.cleared()
+            self._wake.set()
+
+    # ---- the call --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            if not await self._await_start():
+                return
+            assert self.session is not None
+            tasks = [
+                asyncio.create_task(self._send_loop()),
+                asyncio.create_task(self._event_loop()),
+                asyncio.create_task(self._receive_loop()),
+                asyncio.create_task(self._hang_up.wait()),
+            ]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if self._hang_up.is_set():  # let the provider play what it holds, then close
+                deadline = time.monotonic() + 2 * self.config.lead_ms / 1000 + 0.5
+                while self.heard.pending and not tasks[2].done() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+            for t in done:
+                exc = None if t.cancelled() else t.exception()
+                if exc is not None and not isinstance(exc, WebSocketDisconnect | TimeoutError):
+                    log.error("%s call failed", self.dialect.name, exc_info=exc)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.session is not None:
+                await self.session.close()
+                self.gw.forget(self.session)
+                log.info("%s call %s ended", self.dialect.name, self.start and self.start.call_id)
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+
+    async def _receive(self) -> Inbound | None:
+        """The next message; None once the provider has gone."""
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return None
+            raw = msg.get("text")
+            if raw is None:
+                raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+            try:
+                if len(raw) > self.config.max_message_bytes:
+                    raise BadMessage(f"message of {len(raw)} bytes is over the limit")
+                data = json.loads(raw)
+                if not isinstance(data, dict):
+                    raise BadMessage("a message must be a JSON object")
+                return self.dialect.parse(data)
+            except (BadMessage, json.JSONDecodeError, RecursionError) as e:
+                self._bad_message(str(e) or "not valid JSON")
+
+    def _bad_message(self, why: str) -> None:
+        self._bad += 1
+        if self._bad <= MAX_LOGGED:
+            log.warning("%s stream: dropped a bad message: %s", self.dialect.name, why)
+        elif self._bad == MAX_LOGGED + 1:
+            log.warning("%s stream: more bad messages; no longer logged", self.dialect.name)
+
+    async def _await_start(self) -> bool:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            try:
+                ev = await asyncio.wait_for(self._receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                log.warning("%s stream: no `start` within the time limit", self.dialect.name)
+                return False
+            if ev is None or ev.kind == "stop":
+                return False
+            if ev.kind == "start" and ev.start is not None:
+                return await self._begin(ev.start)
+            if ev.kind not in ("connected", "ignored"):
+                self._bad_message(f"`{ev.kind}` before `start`")
+
+    async def _begin(self, start: Start) -> bool:
+        gw = self.gw
+        if len(gw.sessions) >= gw.config.max_sessions:
+            log.warning(
+                "%s call %s refused: at the session limit", self.dialect.name, start.call_id
+            )
+            return False
+        self.start = start
+        if start.codec == "alaw":
+            self._decode, self._encode = audio.alaw_decode, audio.alaw_encode
+        s = gw.new_session(output_rate_hz=RATE_HZ, transport=self.dialect.name)
+        s.heard_ms = self._heard_ms
+        s.on_flush = self._on_flush
+        gw.sessions.add(s)
+        self.session = s
+        await s.start()
+        log.info("%s call %s: stream %s", self.dialect.name, start.call_id, start.stream_id)
+        settings = self.config.session_for(self.dialect.name)
+        p = start.parameters
+        if "session" in p:
+            try:
+                over = json.loads(p["session"])
+                settings = merge(settings, over if isinstance(over, dict) else {})
+            except json.JSONDecodeError as e:
+                log.warning(
+                    "%s call: the `session` parameter is not JSON: %s", self.dialect.name, e
+                )
+        for key in ("instructions", "voice"):
+            if key in p:
+                settings = merge(settings, {key: p[key]})
+        if settings:
+            try:
+                await s.handle({"type": "session.update", "session": settings})
+            except ProtocolError as e:
+                log.warning("%s call: session settings refused: %s", self.dialect.name, e)
+        return True
+
+    async def _receive_loop(self) -> None:
+        s = self.session
+        assert s is not None
+        while True:
+            ev = await self._receive()
+            if ev is None or ev.kind == "stop":
+                return
+            if ev.kind == "media":
+                try:
+                    data = base64.b64decode(ev.payload, validate=True)
+                except (binascii.Error, ValueError):
+                    self._bad_message("media payload is not base64")
+                    continue
+                s.push_audio(self._decode(data), RATE_HZ)
+            elif ev.kind == "mark":
+                self.heard.echoed(ev.payload)
+            elif ev.kind == "dtmf":
+                s.dtmf(ev.payload)
+                self._last_activity = time.monotonic()
+            elif ev.kind == "start":
+                self._bad_message("a second `start`")
+
+    async def _send(self, msg: dict[str, Any]) -> None:
+        await asyncio.wait_for(self.ws.send_text(json.dumps(msg)), 10.0)
+
+    async def _send_loop(self) -> None:
+        """Real time plus `lead_ms`: whole 20 ms frames, a mark after each read."""
+        s, start = self.session, self.start
+        assert s is not None and start is not None
+        lead = self.config.lead_ms / 1000
+        credit, last = lead, time.monotonic()
+        while True:
+            audio_wait = asyncio.ensure_future(s.audio_written.wait())
+            wake_wait = asyncio.ensure_future(self._wake.wait())
+            await asyncio.wait(
+                {audio_wait, wake_wait}, timeout=TICK_S, return_when="FIRST_COMPLETED"
+            )
+            audio_wait.cancel()
+            wake_wait.cancel()
+            s.audio_written.clear()
+            self._wake.clear()
+            if self._clear:
+                self._clear = False
+                await self._send(self.dialect.clear(start.stream_id))
+            now = time.monotonic()
+            credit = min(lead + TICK_S, credit + now - last)
+            last = now
+            n = int(credit * RATE_HZ) // FRAME_SAMPLES * FRAME_SAMPLES
+            if n <= 0:
+                continue
+            r = s.read_output(n, pad=False)
+            credit -= len(r.pcm) / RATE_HZ
+            for item_id, off, cnt in r.items:
+                b64 = base64.b64encode(self._encode(r.pcm[off : off + cnt])).decode()
+                await self._send(self.dialect.media(start.stream_id, b64))
+                end = self._sent[item_id] = self._sent.get(item_id, 0) + cnt
+                await self._send(self.dialect.mark(start.stream_id, self.heard.sent(item_id, end)))
+                self._last_activity = time.monotonic()
+
+    async def _event_loop(self) -> None:
+        """The session's events: nobody reads them on a phone, but they tell when the caller
+        last spoke and when an idle call's goodbye is over."""
+        s = self.session
+        assert s is not None
+        idle = self.config.idle_timeout_s
+        while True:
+            try:
+                ev = await asyncio.wait_for(s.next_event(), 1.0)
+            except TimeoutError:
+                ev = None
+            now = time.monotonic()
+            kind = ev["type"] if ev else ""
+            if kind.startswith("input_audio_buffer.speech") or kind == "response.done":
+                self._last_activity = now
+            if self._goodbye_at is not None:
+                over = now - self._goodbye_at > self.config.goodbye_max_s
+                if kind == "response.done" or over or s.active_response is None:
+                    self._hang_up.set()
+                continue
+            quiet = idle is not None and now - self._last_activity > idle
+            if quiet and s.active_response is None and not s.input_speaking:
+                await self._goodbye()
+
+    async def _goodbye(self) -> None:
+        s = self.session
+        assert s is not None
+        log.info(
+            "%s call: idle for %.0f s; ending it", self.dialect.name, self.config.idle_timeout_s
+        )
+        self._goodbye_at = time.monotonic()
+        text = self.config.goodbye_instructions
+        if not text:
+            self._hang_up.set()
+            return
+        try:
+            await s.handle({"type": "response.create", "response": {"instructions": text}})
+        except ProtocolError:
+            self._hang_up.set()
+
+    def stats(self) -> dict[str, Any]:
+        s = self.session
+        items = []
+        if s is not None:
+            for it in s.conversation.items:
+                items.append(
+                    {"id": it.id, "role": it.role, "status": it.status, "audio_ms": it.audio_ms}
+                )
+        return {
+            "provider": self.dialect.name,
+            "call_id": self.start.call_id if self.start else None,
+            "stream_id": self.start.stream_id if self.start else None,
+            "session_id": s.id if s else None,
+            "sent_ms": {k: v * 1000 // RATE_HZ for k, v in self._sent.items()},
+            "heard_ms": {k: v * 1000 // RATE_HZ for k, v in self.heard.heard.items()},
+            "items": items,
+        }
+
+
+class PhoneCalls:
+    """The live media-stream calls of one gateway."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.live: set[PhoneCall] = set()
+
+    async def endpoint(self, ws: WebSocket) -> None:
+        dialect = DIALECTS.get(ws.path_params.get("provider", ""))
+        if dialect is None or not self.gw.config.phone.enabled:
+            await ws.close(code=1008, reason="no such phone route")
+            return
+        call = PhoneCall(ws, self.gw, dialect)
+        self.live.add(call)
+        try:
+            await call.run()
+        finally:
+            self.live.discard(call)
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [c.stats() for c in self.live]
+
+
+def stream_url(request: Request, config: PhoneConfig, provider: str) -> str:
+    """Where the provider should connect: the configured public URL, else this request's host."""
+    if config.public_url:
+        return f"{config.public_url.rstrip('/')}/v1/phone/{provider}"
+    proto = request.headers.get("x-forwarded-proto", request.url.scheme)
+    host = request.headers.get("x-forwarded-host") or request.headers.get("host", "localhost")
+    return f"{'wss' if proto == 'https' else 'ws'}://{host}/v1/phone/{provider}"
+
+
+async def twilio_voice(request: Request) -> Response:
+    """Twilio's voice webhook: TwiML that connects the call to a bidirectional stream, passing
+    the caller's number and the call's id as stream parameters."""
+    config: PhoneConfig = request.app.state.gateway.config.phone
+    if not config.enabled:
+        return Response("phone routes are disabled", status_code=404)
+    form = parse_qs((await request.body())[:65536].decode("utf-8", "replace"))
+    fields = (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
+    params = {k: form.get(f, [""])[0] for k, f in fields}
+    lines = "".join(
+        f"<Parameter name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in params.items() if v
+    )
+    url = quoteattr(stream_url(request, config, "twilio"))
+    twiml = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f"<Response><Connect><Stream url={url}>{lines}</Stream></Connect></Response>"
+    )
+    return Response(twiml, media_type="application/xml")
+
+
+def routes(calls: PhoneCalls) -> list[Any]:
+    return [
+        Route("/v1/phone/twilio/voice", twilio_voice, methods=["POST"]),
+        WebSocketRoute("/v1/phone/{provider}", calls.endpoint),
+    ]
