@@ -102,6 +102,7 @@ class _Response:
     resampler: Resampler | None = None
     first_audio: float | None = None
     ending: bool = False  # finishing or cancelling: nothing may start either again
+    muted: bool = False  # barged in or cancelled: audio still arriving is dropped, not queued
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
@@ -479,7 +480,7 @@ class Session:
             )
 
     def _write_audio(self, resp: _Response, pcm: np.ndarray, token_time: float | None) -> None:
-        if not len(pcm):
+        if not len(pcm) or resp.muted:
             return
         self.playout.write(resp.item.id, pcm, token_time)
         self.audio_written.set()
@@ -505,6 +506,8 @@ class Session:
 
     def _barge_in(self) -> None:
         """Speech over the bot: silence from the next read, then cancel in the background."""
+        if self._response is not None:
+            self._response.muted = True  # outputs arriving before the cancel runs stay unheard
         self._flush()
         self._barge_at = time.monotonic()
         self._track(self.cancel_response("turn_detected"))
@@ -515,7 +518,7 @@ class Session:
         resp = self._response
         if resp is None or resp.ending:
             return resp is not None
-        resp.ending = True
+        resp.ending = resp.muted = True
         self._flush(resp.item.id)
         if resp.task is not None:
             resp.task.cancel()

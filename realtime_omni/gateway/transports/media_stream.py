@@ -44,17 +44,16 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.gateway import audio
-from realtime_omni.gateway.config import PhoneConfig, merge
-from realtime_omni.gateway.protocol import ProtocolError
+from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.transports import phone
+from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.app import Gateway
 
 log = logging.getLogger(__name__)
-RATE_HZ = 8000
 TICK_S = 0.02
-FRAME_SAMPLES = 160  # 20 ms at 8 kHz
 MAX_MARKS = 3000  # marks awaiting their echo (a minute of 20 ms reads); older ones are dropped
 MAX_LOGGED = 5  # bad messages logged per call; the rest are counted
 
@@ -275,10 +274,8 @@ class PhoneCall:
         self.heard = Heard()
         self._sent: dict[str, int] = {}  # item -> samples sent
         self._clear = False  # a clear is due
+        self._flushes = 0
         self._wake = asyncio.Event()
-        self._last_activity = time.monotonic()
-        self._goodbye_at: float | None = None
-        self._hang_up = asyncio.Event()
         self._bad = 0
         self._decode = audio.ulaw_decode
         self._encode = audio.ulaw_encode
@@ -291,6 +288,7 @@ class PhoneCall:
         return source.get(item_id, 0) * 1000 // RATE_HZ
 
     def _on_flush(self) -> None:
+        self._flushes += 1  # a read being sent now stops, and its marks are not made
         if self.heard.pending or self._clear:
             self._clear = True
             self.heard.cleared()
@@ -307,12 +305,11 @@ class PhoneCall:
             assert self.session is not None
             tasks = [
                 asyncio.create_task(self._send_loop()),
-                asyncio.create_task(self._event_loop()),
+                asyncio.create_task(phone.watch(self.session, self.config, self.name)),
                 asyncio.create_task(self._receive_loop()),
-                asyncio.create_task(self._hang_up.wait()),
             ]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if self._hang_up.is_set():  # let the provider play what it holds, then close
+            if tasks[1] in done:  # idle: let the provider play what it holds, then close
                 deadline = time.monotonic() + 2 * self.config.lead_ms / 1000 + 0.5
                 while self.heard.pending and not tasks[2].done() and time.monotonic() < deadline:
                     await asyncio.sleep(0.02)
@@ -389,24 +386,7 @@ class PhoneCall:
         self.session = s
         await s.start()
         log.info("%s call %s: stream %s", self.dialect.name, start.call_id, start.stream_id)
-        settings = self.config.session_for(self.dialect.name)
-        p = start.parameters
-        if "session" in p:
-            try:
-                over = json.loads(p["session"])
-                settings = merge(settings, over if isinstance(over, dict) else {})
-            except json.JSONDecodeError as e:
-                log.warning(
-                    "%s call: the `session` parameter is not JSON: %s", self.dialect.name, e
-                )
-        for key in ("instructions", "voice"):
-            if key in p:
-                settings = merge(settings, {key: p[key]})
-        if settings:
-            try:
-                await s.handle({"type": "session.update", "session": settings})
-            except ProtocolError as e:
-                log.warning("%s call: session settings refused: %s", self.dialect.name, e)
+        await phone.apply_settings(s, self.config, self.name, start.parameters)
         return True
 
     async def _receive_loop(self) -> None:
@@ -427,7 +407,6 @@ class PhoneCall:
                 self.heard.echoed(ev.payload)
             elif ev.kind == "dtmf":
                 s.dtmf(ev.payload)
-                self._last_activity = time.monotonic()
             elif ev.kind == "start":
                 self._bad_message("a second `start`")
 
@@ -461,52 +440,16 @@ class PhoneCall:
                 continue
             r = s.read_output(n, pad=False)
             credit -= len(r.pcm) / RATE_HZ
+            flushes = self._flushes
             for item_id, off, cnt in r.items:
                 b64 = base64.b64encode(self._encode(r.pcm[off : off + cnt])).decode()
+                if self._flushes != flushes:
+                    break  # dropped while this read was on its way out: not sent, not heard
                 await self._send(self.dialect.media(start.stream_id, b64))
                 end = self._sent[item_id] = self._sent.get(item_id, 0) + cnt
+                if self._flushes != flushes:
+                    break  # the clear goes next; a mark now would count this audio as heard
                 await self._send(self.dialect.mark(start.stream_id, self.heard.sent(item_id, end)))
-                self._last_activity = time.monotonic()
-
-    async def _event_loop(self) -> None:
-        """The session's events: nobody reads them on a phone, but they tell when the caller
-        last spoke and when an idle call's goodbye is over."""
-        s = self.session
-        assert s is not None
-        idle = self.config.idle_timeout_s
-        while True:
-            try:
-                ev = await asyncio.wait_for(s.next_event(), 1.0)
-            except TimeoutError:
-                ev = None
-            now = time.monotonic()
-            kind = ev["type"] if ev else ""
-            if kind.startswith("input_audio_buffer.speech") or kind == "response.done":
-                self._last_activity = now
-            if self._goodbye_at is not None:
-                over = now - self._goodbye_at > self.config.goodbye_max_s
-                if kind == "response.done" or over or s.active_response is None:
-                    self._hang_up.set()
-                continue
-            quiet = idle is not None and now - self._last_activity > idle
-            if quiet and s.active_response is None and not s.input_speaking:
-                await self._goodbye()
-
-    async def _goodbye(self) -> None:
-        s = self.session
-        assert s is not None
-        log.info(
-            "%s call: idle for %.0f s; ending it", self.dialect.name, self.config.idle_timeout_s
-        )
-        self._goodbye_at = time.monotonic()
-        text = self.config.goodbye_instructions
-        if not text:
-            self._hang_up.set()
-            return
-        try:
-            await s.handle({"type": "response.create", "response": {"instructions": text}})
-        except ProtocolError:
-            self._hang_up.set()
 
     def stats(self) -> dict[str, Any]:
         s = self.session

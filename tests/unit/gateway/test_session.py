@@ -197,6 +197,29 @@ def test_barge_in_silences_the_next_read_aborts_and_keeps_what_was_played() -> N
     run(body())
 
 
+def test_audio_arriving_between_a_barge_in_and_its_cancel_is_never_played() -> None:
+    """The cancel runs as a task after the barge-in: outputs the request still delivers before
+    it must not reach the playout (a phone provider would be sent them after its clear)."""
+
+    async def body() -> None:
+        coord = FakeCoord(chunks=400)
+        s = Session(coord)
+        flushes: list[int] = []
+        s.on_flush = lambda: flushes.append(s.playout.queued)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        s.read_output(4800)
+        speak(s, 1)
+        assert flushes  # the transport was told at once
+        while s.active_response is not None:
+            assert s.read_output(480).pcm.max() == 0.0
+            await asyncio.sleep(0)
+        assert s.conversation.items[-1].audio_ms == 200
+        await s.close()
+
+    run(body())
+
+
 def test_response_cancel_and_errors_clients_special_case() -> None:
     async def body() -> None:
         coord = FakeCoord(chunks=40, gap_s=0.01)

@@ -1,0 +1,84 @@
+"""What every phone transport (the media-stream bridges, SIP) does alike around its `Session`:
+the route's session settings with the call's own laid over them, and the session's events,
+which nobody reads on a phone but which say when the caller last spoke and when an idle call's
+goodbye is over.
+
+    await apply_settings(session, config, "twilio", {"voice": "Ethan"})
+    await watch(session, config, "twilio")      # returns when the call should be hung up
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from realtime_omni.gateway.config import PhoneConfig, merge
+from realtime_omni.gateway.protocol import ProtocolError
+from realtime_omni.gateway.session import Session
+
+log = logging.getLogger(__name__)
+RATE_HZ = 8000  # G.711 narrowband, both ways
+FRAME_SAMPLES = 160  # 20 ms
+
+
+async def apply_settings(
+    session: Session, config: PhoneConfig, route: str, params: dict[str, str]
+) -> None:
+    """The route's `session` settings, then the call's parameters (`instructions`, `voice`, and
+    `session`: a JSON session object) over them, as one `session.update`. A refused one is
+    logged and the call goes on with the server's defaults."""
+    settings = config.session_for(route)
+    if "session" in params:
+        try:
+            over = json.loads(params["session"])
+            settings = merge(settings, over if isinstance(over, dict) else {})
+        except json.JSONDecodeError as e:
+            log.warning("%s call: the `session` parameter is not JSON: %s", route, e)
+    for key in ("instructions", "voice"):
+        if key in params:
+            settings = merge(settings, {key: params[key]})
+    if settings:
+        try:
+            await session.handle({"type": "session.update", "session": settings})
+        except ProtocolError as e:
+            log.warning("%s call: session settings refused: %s", route, e)
+
+
+async def watch(session: Session, config: PhoneConfig, route: str) -> None:
+    """Drain the session's events; return once the call has been idle (no speech, no answer)
+    for `idle_timeout_s` and its goodbye is over (or `goodbye_max_s` passed)."""
+    idle = config.idle_timeout_s
+    last = time.monotonic()
+    goodbye_at: float | None = None
+    while True:
+        try:
+            ev = await asyncio.wait_for(session.next_event(), 0.5)
+        except TimeoutError:
+            ev = None
+        now = time.monotonic()
+        kind = ev["type"] if ev else ""
+        if session.active_response is not None or session.input_speaking:
+            last = now
+        if kind.startswith("input_audio_buffer.") or kind == "response.done":
+            last = now  # speech, a key press, an answer's end
+        if goodbye_at is not None:
+            if session.active_response is None or now - goodbye_at > config.goodbye_max_s:
+                return
+            continue
+        if idle is None or now - last <= idle:
+            continue
+        log.info("%s call: idle for %.0f s; ending it", route, idle)
+        goodbye_at = now
+        if not config.goodbye_instructions:
+            return
+        try:
+            await session.handle(
+                {
+                    "type": "response.create",
+                    "response": {"instructions": config.goodbye_instructions},
+                }
+            )
+        except ProtocolError:
+            return
