@@ -185,7 +185,8 @@ async def _stats(request: Request) -> Response:
             "active_requests": held,
             "steps_since": steps,
             "webrtc": request.app.state.webrtc.stats(),
-            "phone": request.app.state.phones.stats(),
+            "phone": request.app.state.phones.stats()
+            + (request.app.state.sip.stats() if request.app.state.sip else []),
             "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
         }
     )
@@ -201,9 +202,17 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gw.start()
+        sip = None
         try:
+            if gw.config.sip is not None:
+                from realtime_omni.gateway.transports.sip import SipServer
+
+                sip = app.state.sip = SipServer(gw, gw.config.sip)
+                await sip.start()
             yield
         finally:
+            if sip is not None:
+                await sip.close()
             await calls.close()
             await gw.close()
 
@@ -226,6 +235,7 @@ def create_app(
     app.state.gateway = gw
     app.state.webrtc = calls
     app.state.phones = phones
+    app.state.sip = None  # the SipServer, with `serve --sip-port`
     app.state.gc_frozen = 0  # objects `serve` froze once up
     return app
 
@@ -269,5 +279,8 @@ async def serve(
         # here, a stall of every call's audio.
         app.state.gc_frozen = freeze_start_up()
         sock = server.servers[0].sockets[0].getsockname()
+        if app.state.sip is not None:
+            sip_host, sip_port = app.state.sip.address
+            print(f"realtime-omni: SIP on udp:{sip_host}:{sip_port}", flush=True)
         print(f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}", flush=True)
     await task

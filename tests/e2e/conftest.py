@@ -29,9 +29,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(*args: str, config: Path | None = None) -> Iterator[str]:
+def serving(
+    *args: str, config: Path | None = None, startup: list[str] | None = None
+) -> Iterator[str]:
     """`realtime-omni serve` with `config` (default: the simulated one) on a free port, `args`
-    added; yields its URL, and checks on the way out that SIGTERM left no shared memory behind."""
+    added; yields its URL, and checks on the way out that SIGTERM left no shared memory behind.
+    `startup` gets the lines the server printed up to its ready line."""
     port = _free_port()
     config = config or ROOT / "configs" / "simulated-qwen3-omni.yaml"
     proc = subprocess.Popen(
@@ -55,6 +58,8 @@ def serving(*args: str, config: Path | None = None) -> Iterator[str]:
     line = ""
     while time.monotonic() < deadline and "serving" not in line:
         line = proc.stdout.readline()
+        if startup is not None:
+            startup.append(line)
         if not line and proc.poll() is not None:
             pytest.fail(f"the server exited with {proc.returncode}")
     assert f"http://127.0.0.1:{port}" in line
