@@ -52,7 +52,8 @@ class ProviderCall:
         self.stream_id = ("MZ" if provider == "twilio" else "") + uuid.uuid4().hex
         self.call_id = ("CA" if provider == "twilio" else "v3:") + uuid.uuid4().hex
         self.ws: Any = None
-        self._mic: deque[np.ndarray] = deque()
+        self._mic: deque[tuple[np.ndarray, int]] = deque()  # (frame, utterance index)
+        self.utterances: list[list[float]] = []  # [first frame sent, last frame sent] per say
         self._buffer: deque[np.ndarray | str] = deque()  # audio frames and mark names, in order
         self._buffered = 0  # samples in _buffer
         self._play_from = 0.0  # the jitter delay: nothing plays before this
@@ -150,9 +151,10 @@ class ProviderCall:
     def say(self, pcm: np.ndarray) -> None:
         """Queue float32 8 kHz speech; it leaves in 20 ms frames in real time."""
         x = np.asarray(pcm, np.float32).reshape(-1)
+        self.utterances.append([])
         for i in range(0, len(x), FRAME):
             f = x[i : i + FRAME]
-            self._mic.append(np.pad(f, (0, FRAME - len(f))))
+            self._mic.append((np.pad(f, (0, FRAME - len(f))), len(self.utterances) - 1))
 
     @property
     def saying(self) -> bool:
@@ -162,9 +164,12 @@ class ProviderCall:
         chunk, t = 0, time.monotonic()
         silence = np.zeros(FRAME, np.float32)
         while True:
-            f = self._mic.popleft() if self._mic else silence
+            f, said = self._mic.popleft() if self._mic else (silence, -1)
             chunk += 1
             await self.send(self.media_message(ulaw_encode(f), chunk))
+            if said >= 0:  # when this utterance's first and (so far) last frame left
+                u = self.utterances[said]
+                u[:] = [u[0] if u else time.monotonic(), time.monotonic()]
             t += FRAME_S
             await asyncio.sleep(max(0.0, t - time.monotonic()))
 

@@ -5,13 +5,11 @@ what it receives) and SIPp (scripted signalling: DTMF, hold, refusals, OPTIONS).
 from __future__ import annotations
 
 import asyncio
-import glob
 import re
 import shutil
 import subprocess
 import threading
 import time
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 from string import Template
@@ -21,7 +19,8 @@ import numpy as np
 import pytest
 import yaml
 
-from realtime_omni.gateway.audio import float_to_pcm16, resample
+from realtime_omni.clients.baresip import dial, loud, recordings, write_wav
+from realtime_omni.gateway.audio import resample
 from tests.conftest import ROOT, timeout
 from tests.e2e.conftest import _free_port, serving
 from tests.e2e.test_phone import settle
@@ -51,66 +50,6 @@ def sip_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         yield url, int(found[0].group(2))
 
 
-def write_wav(path: Path, pcm: np.ndarray, rate: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(float_to_pcm16(pcm))
-
-
-def read_wav(path: str) -> np.ndarray:
-    with wave.open(path) as w:
-        assert w.getframerate() == 8000
-        return np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.int32)
-
-
-def loud_spans(x: np.ndarray, step: int = 800) -> list[bool]:
-    """Per 100 ms at 8 kHz: is anything loud in it."""
-    return [bool(np.abs(x[i : i + step]).max() > LOUD) for i in range(0, len(x) - step + 1, step)]
-
-
-def baresip(tmp: Path, source: Path, uri: str, seconds: int) -> subprocess.Popen[bytes]:
-    """baresip calling `uri` once with `source` as its microphone, recording what it gets
-    (`sndfile`: dump-*-dec.wav) and hanging up after `seconds`."""
-    cfg, rec = tmp / "baresip", tmp / "rec"
-    cfg.mkdir()
-    rec.mkdir()
-    rtp = _free_port()
-    (cfg / "config").write_text(
-        "\n".join(
-            [
-                "poll_method epoll",
-                "sip_listen 127.0.0.1:0",
-                "net_interface 127.0.0.1",
-                "audio_player none,none",
-                "audio_alert none,none",
-                f"audio_source aufile,{source}",
-                "ausrc_srate 8000",
-                "ausrc_channels 1",
-                f"rtp_ports {rtp}-{rtp + 1}",
-                "module_path /usr/lib/baresip/modules",
-                "module g711.so",
-                "module aufile.so",
-                "module sndfile.so",
-                "module_tmp account.so",
-                "module_app menu.so",
-                f"snd_path {rec}",
-                "",
-            ]
-        )
-    )
-    (cfg / "accounts").write_text("<sip:caller@127.0.0.1>;regint=0;audio_codecs=pcmu;mwi=no\n")
-    (cfg / "contacts").write_text("")
-    return subprocess.Popen(
-        ["baresip", "-f", str(cfg), "-e", f"/dial {uri}", "-t", str(seconds)],
-        cwd=tmp,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def sipp(tmp: Path, port: int, scenario: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         ["sipp", f"127.0.0.1:{port}", "-sf", str(scenario), "-p", str(_free_port()),
@@ -134,21 +73,20 @@ def test_baresip_call_hears_the_answer_barges_in_and_hangs_up(
     say = resample(speech, 24000, 8000)
     gap = np.zeros(8000 * 3, np.float32)
     source = tmp_path / "caller.wav"
-    write_wav(source, np.concatenate([np.zeros(4000, np.float32), say, gap, say, gap]), 8000)
+    write_wav(source, np.concatenate([np.zeros(4000, np.float32), say, gap, say, gap]))
     seconds = int(0.5 + 2 * (len(say) / 8000 + 3)) + 1
     seen: list[dict[str, Any]] = []
     stop = threading.Event()
     poller = threading.Thread(target=poll_calls, args=(url, stop, seen))
     poller.start()
     try:
-        proc = baresip(tmp_path, source, f"sip:bot@127.0.0.1:{port}", seconds)
+        proc = dial(tmp_path, f"sip:bot@127.0.0.1:{port}", source, seconds)
         assert proc.wait(timeout=timeout(seconds + 20)) == 0
     finally:
         stop.set()
         poller.join()
-    (dec,) = glob.glob(str(tmp_path / "rec" / "dump-*-dec.wav"))  # what the caller received
-    (enc,) = glob.glob(str(tmp_path / "rec" / "dump-*-enc.wav"))  # what it sent
-    got, sent = loud_spans(read_wav(dec)), loud_spans(read_wav(enc))
+    enc, dec = recordings(tmp_path)
+    sent, got = loud(enc, LOUD, 800), loud(dec, LOUD, 800)  # what the caller sent and received
     # the caller's two utterances, in 100 ms steps of the call's own timeline
     onsets = [i for i in range(1, len(sent)) if sent[i] and not any(sent[max(0, i - 8) : i])]
     assert len(onsets) == 2, sent
