@@ -13,6 +13,11 @@ into its microphone track in real time:
   token and the frame, from the stages' step logs); speech stop detected -> first frame out;
   barge-in detected -> first silent frame out; abort acknowledged by every stage. Measured on the
   caller: end of its speech (the last sample sent) -> first audible frame received.
+- phone calls, `--turns` utterances each, every one after the first talking over the answer
+  to the one before: over the Twilio bridge (the scripted provider of
+  `realtime_omni.clients.media_stream`) the caller's end of speech -> first `media` received,
+  and its speech onset -> `clear` received; over SIP (baresip calling, recording both
+  directions) end of speech -> first audible RTP frame, and onset -> the RTP audio silent.
 - n = 1, 4, 16 calls (`--sessions`) at once for `--seconds` each, every call talking and
   cancelling answers: the share of output frames that left more than one frame period after
   their due time.
@@ -41,6 +46,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from realtime_omni.clients import baresip  # noqa: E402
+from realtime_omni.clients.media_stream import ProviderCall  # noqa: E402
 from realtime_omni.clients.webrtc import Caller, espeak, http  # noqa: E402
 from realtime_omni.gateway.audio import resample  # noqa: E402
 
@@ -61,15 +68,22 @@ TARGETS = {  # DESIGN.md budgets
 # ---- server side (`--serve`) -----------------------------------------------------------
 
 
-def serve(config: str, port: int, stage_nice: int | None) -> None:
+def serve(config: str, port: int, stage_nice: int | None, sip_port: int | None) -> None:
     import uvicorn
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
-    from realtime_omni.gateway.app import GatewayConfig, create_app
+    from realtime_omni.gateway.app import create_app
+    from realtime_omni.gateway.config import GatewayConfig, PhoneConfig, SipConfig
     from realtime_omni.pipeline.config import load_config
 
-    gw_cfg = GatewayConfig(max_sessions=32, ice_host_addresses=["127.0.0.1"])
+    phone = {"idle_timeout_s": None, "routes": {"default": {"session": {"max_output_tokens": 40}}}}
+    gw_cfg = GatewayConfig(
+        max_sessions=32,
+        ice_host_addresses=["127.0.0.1"],
+        phone=PhoneConfig.model_validate(phone),
+        sip=None if sip_port is None else SipConfig(port=sip_port),
+    )
     cfg = load_config(config)
     if stage_nice is not None:
         cfg = cfg.model_copy(
@@ -262,10 +276,79 @@ async def concurrent(
     return (after["frames_late"] - before["frames_late"]) / max(1, frames), cores, answers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+PHONE_GAP_S = 1.8  # after each utterance: the answer starts, plays about a second, is cut
+PHONE_LOUD = int(LOUD * 32768)
+
+
+def phone_script(speech48: np.ndarray, turns: int) -> list[np.ndarray]:
+    """0.5 s of silence, then `turns` times: the utterance and the gap after it (8 kHz)."""
+    say = resample(speech48, 48000, 8000)
+    gap = np.zeros(int(PHONE_GAP_S * 8000), np.float32)
+    return [np.zeros(4000, np.float32)] + [x for _ in range(turns) for x in (say, gap)]
+
+
+async def twilio_call(url: str, speech48: np.ndarray, turns: int) -> dict[str, list[float]]:
+    call = ProviderCall(url, "twilio")
+    await call.connect()
+    try:
+        for part in phone_script(speech48, turns):
+            call.say(part)
+        while call.saying:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+    finally:
+        await call.hang_up()
+    spoken = call.utterances[1::2]  # the speech, not the silences between
+    heard, cleared = [], []
+    for i, (start, end) in enumerate(spoken):
+        media = [t for t, _ in call.received if t > end]
+        if media and (i + 1 == len(spoken) or media[0] < spoken[i + 1][0]):
+            heard.append((media[0] - end) * 1e3)
+        if i:
+            clear = [t for t in call.clears if t > start]
+            if clear and clear[0] < end + PHONE_GAP_S:
+                cleared.append((clear[0] - start) * 1e3)
+    return {"heard_ms": heard, "clear_ms": cleared}
+
+
+def sip_call(port: int, speech48: np.ndarray, turns: int) -> dict[str, list[float]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mic = Path(tmp) / "mic.wav"
+        baresip.write_wav(mic, np.concatenate(phone_script(speech48, turns)))
+        seconds = int(0.5 + turns * (len(speech48) / 48000 + PHONE_GAP_S)) + 2
+        proc = baresip.dial(Path(tmp) / "call", f"sip:bot@127.0.0.1:{port}", mic, seconds)
+        proc.wait(timeout=seconds + 30)
+        sent, got = baresip.recordings(Path(tmp) / "call")
+    said, heard = baresip.loud(sent, PHONE_LOUD), baresip.loud(got, PHONE_LOUD)
+    frame_ms = 20
+    # utterances: loud runs of what baresip sent, merged over gaps shorter than 400 ms
+    runs: list[list[int]] = []
+    for i, x in enumerate(said):
+        if x and runs and i - runs[-1][1] <= 20:
+            runs[-1][1] = i
+        elif x:
+            runs.append([i, i])
+    out: dict[str, list[float]] = {"heard_ms": [], "clear_ms": []}
+    for k, (start, end) in enumerate(runs):
+        nxt = runs[k + 1][0] if k + 1 < len(runs) else len(heard)
+        first = next((i for i in range(end + 1, nxt) if heard[i]), None)
+        if first is not None:
+            out["heard_ms"].append((first - end) * frame_ms)
+        if k and any(heard[start - 5 : start]):  # the answer was playing at the onset
+            quiet = next(
+                (i for i in range(start, end) if not any(heard[i : i + 3])), None
+            )  # three silent frames in a row: the cut, not a pause in the audio
+            if quiet is not None:
+                out["clear_ms"].append((quiet - start) * frame_ms)
+    return out
 
 
 def measure(
@@ -277,16 +360,20 @@ def measure(
     stage_nice: int | None = None,
 ) -> dict[str, Any]:
     port = free_port()
+    sip_port = free_port(socket.SOCK_DGRAM) if sip_available() else None
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(CONFIGS[name]), "--port", str(port)]
-        + ([] if stage_nice is None else ["--stage-nice", str(stage_nice)]),
+        + ([] if stage_nice is None else ["--stage-nice", str(stage_nice)])
+        + ([] if sip_port is None else ["--sip-port", str(sip_port)]),
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
     assert proc.stdout is not None
     try:
-        if proc.stdout.readline().strip() != "ready":
+        while (line := proc.stdout.readline()) and line.strip() != "ready":
+            pass  # PJSIP prints a few lines of its own before it takes our log config
+        if not line:
             raise RuntimeError(f"the {name} server did not start")
         url = f"http://127.0.0.1:{port}"
         tokens = 40  # answers still being made when the caller barges in: the abort has work
@@ -296,6 +383,9 @@ def measure(
         tta = [(left - t) * 1e3 for t, left in raw["chunks"]]
         over = [(left - t) * 1e3 - compute_ms(steps, t, left) for t, left in raw["chunks"]]
         m = raw["metrics"]
+        print(f"  {name}: phone calls ...", file=sys.stderr, flush=True)
+        twilio = asyncio.run(twilio_call(url, speech, turns))
+        sip = sip_call(sip_port, speech, turns) if sip_port else {"heard_ms": [], "clear_ms": []}
         late = []
         for n in sessions:
             print(f"  {name}: {n} concurrent calls ...", file=sys.stderr, flush=True)
@@ -314,6 +404,10 @@ def measure(
             "speech_end_to_heard_ms": pct(one["heard_ms"]),
             "barge_in_to_silence_ms": pct(m.get("barge_in_to_silence_ms", [])),
             "abort_ack_ms": pct(m.get("abort_ms", [])),
+            "twilio_speech_end_to_media_ms": pct(twilio["heard_ms"]),
+            "twilio_onset_to_clear_ms": pct(twilio["clear_ms"]),
+            "sip_speech_end_to_rtp_audio_ms": pct(sip["heard_ms"]),
+            "sip_onset_to_rtp_silence_ms": pct(sip["clear_ms"]),
             "sessions": late,
         }
     finally:
@@ -322,6 +416,13 @@ def measure(
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def sip_available() -> bool:
+    import importlib.util
+    import shutil
+
+    return shutil.which("baresip") is not None and importlib.util.find_spec("pjsua2") is not None
 
 
 def verdict(key: str, r: dict[str, Any]) -> str:
@@ -345,9 +446,10 @@ def main() -> None:
     parser.add_argument("--stage-nice", type=int, help="override the config's runtime.stage_nice")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sip-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port, args.stage_nice)
+        serve(args.serve, args.port, args.stage_nice, args.sip_port)
         return
     sessions = [int(n) for n in args.sessions.split(",")]
     speech = speech_48k()
@@ -362,6 +464,10 @@ def main() -> None:
         ("speech_end_to_heard_ms", "caller: end of speech -> audio heard"),
         ("barge_in_to_silence_ms", "barge-in detected -> silent frame out"),
         ("abort_ack_ms", "abort acknowledged by every stage"),
+        ("twilio_speech_end_to_media_ms", "twilio: end of speech -> first media in"),
+        ("twilio_onset_to_clear_ms", "twilio: talking over it -> clear in"),
+        ("sip_speech_end_to_rtp_audio_ms", "sip: end of speech -> audible RTP in"),
+        ("sip_onset_to_rtp_silence_ms", "sip: talking over it -> RTP silent"),
     ]
     for r in runs:
         print(f"\n{r['config']}: {'measure':44} {'p50':>9} {'p99':>9} {'n':>5}  target")
@@ -381,7 +487,8 @@ def main() -> None:
             )
     print(
         "\nserver-side figures are taken when a frame is handed to aiortc; the caller's "
-        "include VAD silence (500 ms), Opus and its jitter buffer"
+        "include VAD silence (500 ms), Opus and its jitter buffer; the phone rows are the "
+        "caller's (SIP: baresip's recording, in 20 ms frames), VAD silence and detection included"
     )
     if args.json:
         first = runs[0]

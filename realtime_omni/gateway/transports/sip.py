@@ -50,6 +50,7 @@ except ImportError:  # an optional part: `serve --sip-port` says how to get it
     pj = None
 
 log = logging.getLogger(__name__)
+_pjsip_log = logging.getLogger("realtime_omni.pjsip")
 FRAME_BYTES = FRAME_SAMPLES * 2  # pcm16
 SILENCE = bytes(FRAME_BYTES)
 POLL_MS = 10
@@ -165,8 +166,11 @@ class SipServer:
         cfg.uaConfig.mainThreadOnly = True
         cfg.uaConfig.maxCalls = max(c.max_calls + 4, 4)  # room to answer 486 past the limit
         cfg.uaConfig.userAgent = "realtime-omni"
-        cfg.logConfig.level = 2
-        cfg.logConfig.consoleLevel = 2
+        self._log_writer = _LogWriter()  # PJSIP's own lines into our logging (kept alive here)
+        cfg.logConfig.writer = self._log_writer
+        cfg.logConfig.level = 3
+        cfg.logConfig.consoleLevel = 3
+        cfg.logConfig.decor = 0
         cfg.medConfig.clockRate = RATE_HZ
         cfg.medConfig.sndClockRate = RATE_HZ
         cfg.medConfig.ptime = 20
@@ -239,6 +243,14 @@ class SipServer:
 
 
 if pj is not None:
+
+    class _LogWriter(pj.LogWriter):
+        """PJSIP's errors and warnings as log lines of `realtime_omni.pjsip`; the rest dropped."""
+
+        def write(self, entry: Any) -> None:
+            if entry.level <= 2:
+                level = logging.ERROR if entry.level <= 1 else logging.WARNING
+                _pjsip_log.log(level, "%s", entry.msg.strip())
 
     class _Account(pj.Account):
         def __init__(self, server: SipServer) -> None:
