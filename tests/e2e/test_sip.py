@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -127,6 +128,37 @@ def test_dtmf_hold_and_resume_keep_the_call(sip_server: tuple[str, int], tmp_pat
     assert max(c["dtmf_digits"] for c in seen) >= 1
     st = asyncio.run(settle(url))
     assert st["sessions"] == 0 and st["phone"] == []
+
+
+def test_rtp_from_a_stranger_leaves_the_call_and_its_session(
+    sip_server: tuple[str, int], tmp_path: Path
+) -> None:
+    """Forged RTP at every port of the call's range while SIPp's call is up: the call goes on
+    through hold and resume to its BYE, in one session, and nothing of it is left after."""
+    url, port = sip_server
+    seen: list[dict[str, Any]] = []
+    stop = threading.Event()
+    poller = threading.Thread(target=poll_calls, args=(url, stop, seen))
+    poller.start()
+    rogue = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        proc = sipp(tmp_path, port, SCENARIOS / "invite_dtmf_hold_bye.xml")
+        time.sleep(1.0)
+        for seq in range(20):  # RTP v2, PCMU, loud noise
+            packet = bytes([0x80, 0, 0, seq]) + bytes(8) + bytes([0x10]) * 160
+            for p in range(41000, 41200):
+                rogue.sendto(packet, ("127.0.0.1", p))
+            time.sleep(0.02)
+        _, err = proc.communicate(timeout=timeout(30))
+        assert proc.returncode == 0, err.decode()[-2000:]
+    finally:
+        rogue.close()
+        stop.set()
+        poller.join()
+    assert len({c["session_id"] for c in seen}) == 1
+    st = asyncio.run(settle(url))
+    assert st["sessions"] == 0 and st["phone"] == []
+    assert_pipeline_idle(st)
 
 
 @pytest.mark.parametrize(

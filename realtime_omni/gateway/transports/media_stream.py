@@ -453,12 +453,7 @@ class PhoneCall:
 
     def stats(self) -> dict[str, Any]:
         s = self.session
-        items = []
-        if s is not None:
-            for it in s.conversation.items:
-                items.append(
-                    {"id": it.id, "role": it.role, "status": it.status, "audio_ms": it.audio_ms}
-                )
+        items = phone.items_summary(s) if s is not None else []
         return {
             "provider": self.dialect.name,
             "call_id": self.start.call_id if self.start else None,

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 from realtime_omni.gateway.config import PhoneConfig, merge
 from realtime_omni.gateway.protocol import ProtocolError
@@ -44,6 +45,18 @@ async def apply_settings(
             await session.handle({"type": "session.update", "session": settings})
         except ProtocolError as e:
             log.warning("%s call: session settings refused: %s", route, e)
+
+
+def items_summary(session: Session) -> list[dict[str, Any]]:
+    """The conversation as /v1/stats shows a phone call's: per item its role, status and audio
+    length (for a user item, the audio committed; for the bot's, what was kept)."""
+    out = []
+    for it in session.conversation.items:
+        ms = it.audio_ms
+        if it.role == "user":
+            ms = sum(len(p.audio) for p in it.parts if p.audio is not None) * 1000 // 16000
+        out.append({"id": it.id, "role": it.role, "status": it.status, "audio_ms": ms})
+    return out
 
 
 async def watch(session: Session, config: PhoneConfig, route: str) -> None:

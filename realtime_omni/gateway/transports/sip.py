@@ -168,8 +168,8 @@ class SipServer:
         cfg.uaConfig.userAgent = "realtime-omni"
         self._log_writer = _LogWriter()  # PJSIP's own lines into our logging (kept alive here)
         cfg.logConfig.writer = self._log_writer
-        cfg.logConfig.level = 3
-        cfg.logConfig.consoleLevel = 3
+        cfg.logConfig.level = 4  # pjmedia says at 4 when it takes RTP from a new address
+        cfg.logConfig.consoleLevel = 4
         cfg.logConfig.decor = 0
         cfg.medConfig.clockRate = RATE_HZ
         cfg.medConfig.sndClockRate = RATE_HZ
@@ -245,12 +245,16 @@ class SipServer:
 if pj is not None:
 
     class _LogWriter(pj.LogWriter):
-        """PJSIP's errors and warnings as log lines of `realtime_omni.pjsip`; the rest dropped."""
+        """PJSIP's errors and warnings, and its switching a call's RTP to a new source address,
+        as log lines of `realtime_omni.pjsip`; the rest dropped."""
 
         def write(self, entry: Any) -> None:
+            msg = entry.msg.strip()
             if entry.level <= 2:
                 level = logging.ERROR if entry.level <= 1 else logging.WARNING
-                _pjsip_log.log(level, "%s", entry.msg.strip())
+                _pjsip_log.log(level, "%s", msg)
+            elif "switched" in msg and "address" in msg:
+                _pjsip_log.warning("RTP from an address the SDP did not name: %s", msg)
 
     class _Account(pj.Account):
         def __init__(self, server: SipServer) -> None:
@@ -414,12 +418,6 @@ if pj is not None:
 
         def stats(self) -> dict[str, Any]:
             s = self.session
-            items = []
-            if s is not None:
-                for it in s.conversation.items:
-                    items.append(
-                        {"id": it.id, "role": it.role, "status": it.status, "audio_ms": it.audio_ms}
-                    )
             return {
                 "provider": "sip",
                 "peer": self.peer,
@@ -427,5 +425,5 @@ if pj is not None:
                 "on_hold": self.on_hold,
                 "dtmf_digits": self.dtmf_digits,
                 "sent_ms": {k: v * 1000 // RATE_HZ for k, v in self.sent.items()},
-                "items": items,
+                "items": phone.items_summary(s) if s is not None else [],
             }
