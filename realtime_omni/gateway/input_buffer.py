@@ -5,6 +5,8 @@ No I/O, no asyncio.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from realtime_omni.gateway.audio import Resampler
@@ -23,8 +25,14 @@ class InputBuffer:
         self.end = 0  # absolute index after the last sample
         self._resamplers: dict[int, Resampler] = {}  # one per input rate: they keep filter state
 
-    def push(self, pcm: np.ndarray, rate_hz: int) -> np.ndarray:
-        """Append audio at any rate, float32 [-1, 1] or int16; gives what was appended."""
+    def push(
+        self,
+        pcm: np.ndarray,
+        rate_hz: int,
+        clean: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """Append audio at any rate, float32 [-1, 1] or int16, passed at 16 kHz through `clean`
+        (the echo canceller) when given; gives what was appended."""
         x = np.asarray(pcm)
         x = x.astype(np.float32) / 32768.0 if x.dtype == np.int16 else x.astype(np.float32)
         x = x.reshape(-1)
@@ -33,6 +41,8 @@ class InputBuffer:
             if r is None:
                 r = self._resamplers[rate_hz] = Resampler(rate_hz, SAMPLE_RATE_HZ)
             x = r.process(x)
+        if clean is not None:
+            x = clean(x)
         if not len(x):
             return x
         self._chunks.append(x)

@@ -57,6 +57,7 @@ class Playout:
         self.queued = 0  # samples waiting
         self.played: dict[str, int] = {}  # item_id -> samples read so far
         self.written: dict[str, int] = {}  # item_id -> samples written so far
+        self.paused = False  # reads give silence (or nothing) and take nothing from the queue
 
     def write(self, item_id: str, pcm: np.ndarray, token_time: float | None = None) -> None:
         pcm = np.asarray(pcm, np.float32).reshape(-1)
@@ -78,6 +79,9 @@ class Playout:
         of what was queued."""
         parts: list[np.ndarray] = []
         out = Read(np.zeros(0, np.float32))
+        if self.paused:
+            out.pcm = np.zeros(n if pad else 0, np.float32)
+            return out
         got = 0
         while got < n and self._chunks:
             c = self._chunks[0]
@@ -100,6 +104,17 @@ class Playout:
             parts.append(np.zeros(n - got, np.float32))
         out.pcm = np.concatenate(parts) if parts else np.zeros(n if pad else 0, np.float32)
         return out
+
+    def unread(self, item_id: str, pcm: np.ndarray) -> None:
+        """Put back read samples that never reached the listener (a transport's downstream
+        buffer dropped them on a pause): they are read again next, and no longer count as
+        played."""
+        pcm = np.asarray(pcm, np.float32).reshape(-1)
+        if not len(pcm) or item_id not in self.played:
+            return
+        self._chunks.appendleft(_Chunk(item_id, pcm, None, False))
+        self.queued += len(pcm)
+        self.played[item_id] = max(0, self.played[item_id] - len(pcm))
 
     def clear(self, item_id: str | None = None) -> int:
         """Drop what is queued (of one item, or all); the next read starts with silence or the

@@ -16,6 +16,7 @@ import numpy as np
 
 from realtime_omni.gateway import audio
 from realtime_omni.gateway.conversation import Item, Part, new_id
+from realtime_omni.gateway.turns import TurnParams
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
 from realtime_omni.gateway.vad import VadParams
 
@@ -79,9 +80,14 @@ def parse_format(value: Any, param: str) -> AudioFormat:
 
 @dataclass(frozen=True)
 class TurnDetection:
+    """OpenAI's `server_vad`, plus how speech over the bot is judged (`gateway/turns.py`):
+    `min_interruption_ms` of it is an interruption (0: any speech start is), and speech over
+    the bot that falls silent for `resume_after_ms` first lets the answer resume."""
+
     vad: VadParams = field(default_factory=VadParams)
     create_response: bool = True
     interrupt_response: bool = True
+    turns: TurnParams = field(default_factory=TurnParams)
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -91,6 +97,9 @@ class TurnDetection:
             "silence_duration_ms": self.vad.silence_duration_ms,
             "create_response": self.create_response,
             "interrupt_response": self.interrupt_response,
+            "min_interruption_ms": self.turns.min_interruption_ms,
+            "resume_after_ms": self.turns.resume_after_ms,
+            "echo_gate": self.turns.echo_gate,
         }
 
 
@@ -106,6 +115,13 @@ class Settings:
     input_format: AudioFormat = PCM16
     output_format: AudioFormat = PCM16
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    # WebRTC's echo canceller on the microphone's audio (gateway/echo.py; needs `livekit`): an
+    # extension field, `audio.input.echo_cancellation` (beta: `input_audio_echo_cancellation`).
+    # Off by default: with no echo path (a phone, a headset, a browser cancelling echo itself)
+    # it still damps the person talking over the bot by 5-18 dB for seconds, which turn-taking
+    # cannot afford; the echo gate (turn_detection.echo_gate) keeps the bot's echo from
+    # interrupting it without touching the audio.
+    echo_cancellation: bool = False
     # "auto", "disabled", or a retention ratio in (0, 1]: what happens when the conversation's
     # audio and images outgrow one turn's payload (`Conversation.fit`).
     truncation: str | float = "auto"
@@ -127,6 +143,7 @@ class Settings:
                 "instructions": self.instructions,
                 "voice": self.voice,
                 "input_audio_format": self.input_format.name,
+                "input_audio_echo_cancellation": self.echo_cancellation,
                 "output_audio_format": self.output_format.name,
                 "turn_detection": td,
                 "temperature": self.temperature,
@@ -140,7 +157,11 @@ class Settings:
             "output_modalities": ["audio"],
             "instructions": self.instructions,
             "audio": {
-                "input": {"format": self.input_format.ga(), "turn_detection": td},
+                "input": {
+                    "format": self.input_format.ga(),
+                    "turn_detection": td,
+                    "echo_cancellation": self.echo_cancellation,
+                },
                 "output": {"format": self.output_format.ga(), "voice": self.voice},
             },
             "max_output_tokens": max_tokens,
@@ -167,6 +188,12 @@ def _number(v: Any, param: str, lo: float, hi: float) -> float:
     return float(v)
 
 
+def _flag(obj: dict[str, Any], key: str, where: str = "") -> bool:
+    if not isinstance(obj[key], bool):
+        raise ProtocolError(f"{where}{key} must be true or false", param=f"{where}{key}")
+    return bool(obj[key])
+
+
 def parse_turn_detection(v: Any, current: TurnDetection | None) -> TurnDetection | None:
     if v is None:
         return None
@@ -186,10 +213,17 @@ def parse_turn_detection(v: Any, current: TurnDetection | None) -> TurnDetection
     for key in ("prefix_padding_ms", "silence_duration_ms"):
         if key in v:
             vad = replace(vad, **{key: int(_number(v[key], f"turn_detection.{key}", 0, 10000))})
+    turns = td.turns
+    for key in ("min_interruption_ms", "resume_after_ms"):
+        if key in v:
+            turns = replace(turns, **{key: int(_number(v[key], f"turn_detection.{key}", 0, 10000))})
+    if "echo_gate" in v:
+        turns = replace(turns, echo_gate=_flag(v, "echo_gate", "turn_detection."))
     return TurnDetection(
         vad,
         bool(v.get("create_response", td.create_response)),
         bool(v.get("interrupt_response", td.interrupt_response)),
+        turns,
     )
 
 
@@ -221,6 +255,8 @@ def apply_session_update(s: Settings, session: Any) -> Settings:
     if "truncation" in session:
         changes["truncation"] = parse_truncation(session["truncation"])
     td = s.turn_detection
+    if "input_audio_echo_cancellation" in session:
+        changes["echo_cancellation"] = _flag(session, "input_audio_echo_cancellation")
     if "turn_detection" in session:
         changes["turn_detection"] = parse_turn_detection(session["turn_detection"], td)
     a = session.get("audio")
@@ -232,6 +268,8 @@ def apply_session_update(s: Settings, session: Any) -> Settings:
             changes["input_format"] = parse_format(inp["format"], "audio.input.format")
         if "turn_detection" in inp:
             changes["turn_detection"] = parse_turn_detection(inp["turn_detection"], td)
+        if "echo_cancellation" in inp:
+            changes["echo_cancellation"] = _flag(inp, "echo_cancellation", "audio.input.")
         if "format" in out:
             changes["output_format"] = parse_format(out["format"], "audio.output.format")
         if "voice" in out:

@@ -55,6 +55,7 @@ import numpy as np
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Part, new_id
+from realtime_omni.gateway.echo import EchoCanceller, EchoGate
 from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
 from realtime_omni.gateway.protocol import (
@@ -65,7 +66,14 @@ from realtime_omni.gateway.protocol import (
     error_event,
     parse_item,
 )
-from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad, SpeechStarted, Windower
+from realtime_omni.gateway.turns import Decision, TurnPolicy
+from realtime_omni.gateway.vad import (
+    SAMPLE_RATE_HZ,
+    ServerVad,
+    SpeechStarted,
+    SpeechStopped,
+    Windower,
+)
 from realtime_omni.logs import REQUEST, SESSION
 
 log = logging.getLogger(__name__)
@@ -128,6 +136,10 @@ class Session:
         # Called when queued audio is dropped (barge-in, cancel, clear), so a transport with a
         # buffer of its own downstream (a phone provider's) can flush that too, at once.
         self.on_flush: Callable[[], None] | None = None
+        # Called when the answer pauses (speech over it): such a transport drops its downstream
+        # buffer too and gives back what was not heard (`playout.unread`), so a resume loses
+        # nothing.
+        self.on_pause: Callable[[], None] | None = None
         self.on_metric = on_metric  # each measurement as it is made (Prometheus histograms)
         self.id = new_id("sess")
         self.settings = settings or Settings()
@@ -149,6 +161,10 @@ class Session:
         self._vad = ServerVad(
             self.settings.turn_detection.vad if self.settings.turn_detection else None
         )
+        self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
+        self._aec: EchoCanceller | None = None  # made at start() when the settings want one
+        self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
+        self._far_resampler: Resampler | None = None  # what was read out, at 16 kHz
         self._windower = Windower()
         self._vad_pending: list[np.ndarray] = []
         self._vad_wake = asyncio.Event()
@@ -172,6 +188,17 @@ class Session:
             self._vad_model = self._vad_factory()
         if self._vad_task is None:
             self._vad_task = asyncio.create_task(self._vad_loop())
+        self._set_echo_cancellation()
+
+    def _set_echo_cancellation(self) -> None:
+        if self.settings.echo_cancellation and self._aec is None:
+            self._aec = EchoCanceller.create()
+        elif not self.settings.echo_cancellation:
+            self._aec = None
+
+    def _turn_params(self) -> Any:
+        td = self.settings.turn_detection
+        return td.turns if td is not None else None
 
     async def close(self) -> None:
         if self._closed:
@@ -224,7 +251,7 @@ class Session:
     # ---- audio in ----------------------------------------------------------------------
 
     def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
-        x = self.input.push(pcm, rate_hz)
+        x = self.input.push(pcm, rate_hz, self._aec.near if self._aec is not None else None)
         if len(x) and self.settings.turn_detection is not None:
             self._vad_pending.append(x)
             self._vad_wake.set()
@@ -237,6 +264,8 @@ class Session:
         self._vad.elapsed_ms = self.input.end * 1000 / SAMPLE_RATE_HZ
         self._windower = Windower()
         self._turn_item_id = None
+        self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
+        self.playout.paused = False
         if self._vad_model is not None:
             self._vad_model.reset()
 
@@ -252,23 +281,23 @@ class Session:
             # the event loop (every call's audio) free between them.
             for i in range(0, len(windows), VAD_WINDOWS_PER_PASS):
                 part = windows[i : i + VAD_WINDOWS_PER_PASS]
-                for p in await self._vad_model.probs(part):
+                for p, w in zip(await self._vad_model.probs(part), part, strict=True):
                     self._vad_samples += len(part[0])
-                    ev = self._vad.feed(p)
-                    if ev is not None:
-                        self._on_vad(ev)
+                    self._on_window(p, w)
             if not self._vad.speaking and self.settings.turn_detection is not None:
                 pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
                 self.input.trim(self._vad_samples - pad - len(windows[0]))
 
     def feed_vad(self, prob: float) -> None:
         """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
-        ev = self._vad.feed(prob)
-        if ev is not None:
-            self._on_vad(ev)
+        self._on_window(prob)
 
-    def _on_vad(self, ev: Any) -> None:
+    def _on_window(self, prob: float, window: np.ndarray | None = None) -> None:
+        """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks."""
         td = self.settings.turn_detection
+        if window is not None and self._gate.window(window) and td and td.turns.echo_gate:
+            prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
+        ev = self._vad.feed(prob)
         if td is None:
             return
         if isinstance(ev, SpeechStarted):
@@ -279,9 +308,36 @@ class Session:
                 audio_start_ms=ev.audio_start_ms,
                 item_id=self._turn_item_id,
             )
-            if td.interrupt_response and self._response is not None:
+        speaking = td.interrupt_response and self._response is not None
+        for d in self._turns.feed(prob, ev, speaking) if speaking or self._turns.paused else ():
+            log.debug("session %s: speech over the answer: %s", self.id, d.value)
+            if d is Decision.PAUSE:
+                self.playout.paused = True  # the next frame out is silent; nothing is lost
+                self._barge_at = time.monotonic()
+                if self.on_pause is not None:
+                    self.on_pause()
+            elif d is Decision.RESUME:
+                self.playout.paused = False
+                self.audio_written.set()  # a sender waiting for audio: there is some again
+            elif d is Decision.BARGE_IN:
                 self._barge_in()
-            return
+            elif d is Decision.DISCARD:
+                self._discard_speech(ev)
+                return
+        if isinstance(ev, SpeechStopped):
+            self._on_speech_stopped(ev)
+
+    def _discard_speech(self, ev: Any) -> None:
+        """Speech over the bot that was no interruption: no turn; the VAD starts afresh."""
+        item_id = self._turn_item_id or new_id("item")
+        end_ms = round(self._vad.elapsed_ms)
+        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
+        self._clear_input()
+        self._emit("input_audio_buffer.cleared")
+
+    def _on_speech_stopped(self, ev: SpeechStopped) -> None:
+        td = self.settings.turn_detection
+        assert td is not None
         item_id = self._turn_item_id or new_id("item")
         self._emit(
             "input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_end_ms, item_id=item_id
@@ -325,6 +381,13 @@ class Session:
     def read_output(self, n: int, pad: bool = True) -> Read:
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
+        if len(r.pcm):  # the far end: what the microphone may hear again
+            if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
+                self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
+            far = self._far_resampler.process(r.pcm)
+            self._gate.far(far)
+            if self._aec is not None:
+                self._aec.far(far)
         now = time.monotonic()
         if self._barge_at is not None:
             self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
@@ -490,6 +553,9 @@ class Session:
         if self._response is not resp:
             return
         self._response = None
+        if self._turns.paused:  # speech over it goes on as an ordinary turn
+            self._turns.reset()
+        self.playout.paused = False
         item = resp.item
         self._item_response.pop(item.id, None)
         item.status = "completed" if status == "completed" else "incomplete"
@@ -505,11 +571,13 @@ class Session:
         self._emit("response.done", response=self._response_obj(resp, status, details))
 
     def _barge_in(self) -> None:
-        """Speech over the bot: silence from the next read, then cancel in the background."""
+        """An interruption: silence from the next read, then cancel in the background."""
         if self._response is not None:
             self._response.muted = True  # outputs arriving before the cancel runs stay unheard
+        if not self.playout.paused:  # else the pause already silenced it, and was timed
+            self._barge_at = time.monotonic()
+        self.playout.paused = False
         self._flush()
-        self._barge_at = time.monotonic()
         self._track(self.cancel_response("turn_detected"))
 
     async def cancel_response(self, reason: str) -> bool:
@@ -602,10 +670,12 @@ class Session:
 
     async def _session_update(self, ev: dict[str, Any]) -> None:
         s = apply_session_update(self.settings, ev.get("session"))
-        if s.turn_detection != self.settings.turn_detection:
+        changed = s.turn_detection != self.settings.turn_detection
+        self.settings = s
+        if changed:
             self._vad = ServerVad(s.turn_detection.vad if s.turn_detection else None)
             self._clear_input()
-        self.settings = s
+        self._set_echo_cancellation()
         self._emit("session.updated", session=s.to_openai(self.id))
 
     async def _append(self, ev: dict[str, Any]) -> None:

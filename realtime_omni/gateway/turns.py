@@ -40,8 +40,12 @@ class TurnParams:
     # Speech over the bot this long (speech windows, summed) is an interruption. LiveKit's
     # default is the same 500 ms; "mhm", "yeah", "okay" and a cough are shorter.
     min_interruption_ms: int = 500
-    # Speech over the bot that then stays silent this long was not an interruption.
-    resume_after_ms: int = 300
+    # Speech over the bot that then stays silent this long was not an interruption; long enough
+    # for the pause after a comma ("Hello, how are you").
+    resume_after_ms: int = 500
+    # Sound the echo gate (`echo.EchoGate`) explains as the bot's own audio coming back through
+    # the microphone is taken as silence, by the VAD as by this policy.
+    echo_gate: bool = True
 
 
 class TurnPolicy:

@@ -31,13 +31,14 @@ import contextlib
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 from xml.sax.saxutils import quoteattr
 
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -275,6 +276,8 @@ class PhoneCall:
         self._sent: dict[str, int] = {}  # item -> samples sent
         self._clear = False  # a clear is due
         self._flushes = 0
+        # (mark, item, pcm) sent and not yet echoed: what a pause gives back to the playout
+        self._unheard: deque[tuple[str, str, np.ndarray]] = deque(maxlen=MAX_MARKS)
         self._wake = asyncio.Event()
         self._bad = 0
         self._decode = audio.ulaw_decode
@@ -289,10 +292,22 @@ class PhoneCall:
 
     def _on_flush(self) -> None:
         self._flushes += 1  # a read being sent now stops, and its marks are not made
+        self._unheard.clear()
         if self.heard.pending or self._clear:
             self._clear = True
             self.heard.cleared()
             self._wake.set()
+
+    def _on_pause(self) -> None:
+        """Clear the provider's buffer too, and put what it had not played back in the
+        playout queue: the answer resumes where the caller stopped hearing it."""
+        s = self.session
+        assert s is not None
+        unheard = list(self._unheard)
+        self._on_flush()
+        for _, item_id, pcm in reversed(unheard):
+            s.playout.unread(item_id, pcm)
+            self._sent[item_id] -= len(pcm)
 
     # ---- the call --------------------------------------------------------------------------
 
@@ -382,6 +397,7 @@ class PhoneCall:
         s = gw.new_session(output_rate_hz=RATE_HZ, transport=self.dialect.name)
         s.heard_ms = self._heard_ms
         s.on_flush = self._on_flush
+        s.on_pause = self._on_pause
         gw.sessions.add(s)
         self.session = s
         await s.start()
@@ -405,6 +421,9 @@ class PhoneCall:
                 s.push_audio(self._decode(data), RATE_HZ)
             elif ev.kind == "mark":
                 self.heard.echoed(ev.payload)
+                if any(name == ev.payload for name, _, _ in self._unheard):
+                    while self._unheard and self._unheard.popleft()[0] != ev.payload:
+                        pass  # played: no longer to give back
             elif ev.kind == "dtmf":
                 s.dtmf(ev.payload)
             elif ev.kind == "start":
@@ -441,15 +460,24 @@ class PhoneCall:
             r = s.read_output(n, pad=False)
             credit -= len(r.pcm) / RATE_HZ
             flushes = self._flushes
-            for item_id, off, cnt in r.items:
-                b64 = base64.b64encode(self._encode(r.pcm[off : off + cnt])).decode()
-                if self._flushes != flushes:
-                    break  # dropped while this read was on its way out: not sent, not heard
+            for k, (item_id, off, cnt) in enumerate(r.items):
+                pcm = r.pcm[off : off + cnt]
+                b64 = base64.b64encode(self._encode(pcm)).decode()
+                if self._flushes != flushes:  # dropped while this read was on its way out
+                    if s.playout.paused:  # a pause: the rest of the read is played later
+                        for rest_id, rest_off, rest_cnt in reversed(r.items[k:]):
+                            s.playout.unread(rest_id, r.pcm[rest_off : rest_off + rest_cnt])
+                    break
                 await self._send(self.dialect.media(start.stream_id, b64))
                 end = self._sent[item_id] = self._sent.get(item_id, 0) + cnt
-                if self._flushes != flushes:
-                    break  # the clear goes next; a mark now would count this audio as heard
-                await self._send(self.dialect.mark(start.stream_id, self.heard.sent(item_id, end)))
+                if self._flushes != flushes:  # the clear goes next; a mark now would count
+                    if s.playout.paused:  # this audio as heard; a pause gives it back
+                        s.playout.unread(item_id, pcm)
+                        self._sent[item_id] -= cnt
+                    break
+                name = self.heard.sent(item_id, end)
+                self._unheard.append((name, item_id, pcm))
+                await self._send(self.dialect.mark(start.stream_id, name))
 
     def stats(self) -> dict[str, Any]:
         s = self.session

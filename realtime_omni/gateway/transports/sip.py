@@ -357,13 +357,25 @@ if pj is not None:
         def flush(self) -> None:
             self.out.clear()
 
+        def pause(self) -> None:
+            """Frames waiting for the clock go back to the playout queue, unplayed."""
+            s = self.session
+            taken: list[tuple[str, bytes]] = []
+            while self.out:
+                with contextlib.suppress(IndexError):  # the clock may take the last one
+                    taken.append(self.out.popleft())
+            if s is None:
+                return
+            for item_id, frame in reversed(taken):
+                s.playout.unread(item_id, np.frombuffer(frame, np.int16) / 32768.0)
+
         async def run(self) -> None:
             server, gw = self.server, self.server.gw
             if len(gw.sessions) >= gw.config.max_sessions:
                 server._post(lambda: self.respond(486))
                 return
             s = gw.new_session(output_rate_hz=RATE_HZ, transport="sip")
-            s.heard_ms, s.on_flush = self.heard_ms, self.flush
+            s.heard_ms, s.on_flush, s.on_pause = self.heard_ms, self.flush, self.pause
             gw.sessions.add(s)
             self.session = s
             server.live[self.call_id] = self

@@ -112,7 +112,9 @@ def test_speech_turn_commits_and_streams_a_response_into_playout() -> None:
         (msgs,) = [p["messages"] for p in coord.payloads]
         assert msgs == [{"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]}]
         audio = coord.payloads[0]["audio_0"]
-        assert len(audio) == 41 * 32 * 16  # from 0: the 300 ms prefix padding reaches the start
+        # from 0: the 300 ms prefix padding reaches the start (less the echo canceller's partial
+        # 10 ms frame, which waits for the next audio)
+        assert 41 * 32 * 16 - 160 < len(audio) <= 41 * 32 * 16
         assert s.metrics["first_audio_ms"] and s.metrics["token_to_audio_ms"]
         await s.close()
 
@@ -179,8 +181,10 @@ def test_barge_in_silences_the_next_read_aborts_and_keeps_what_was_played() -> N
         assert s.read_output(4800).pcm.min() == 1.0  # 200 ms heard
         rid = s.active_response
         s.pending_events()
-        speak(s, 1)  # speech starts while the bot talks
+        speak(s, 1)  # speech starts while the bot talks: paused
         assert s.read_output(480).pcm.max() == 0.0  # the very next frame is silent
+        assert coord.aborted == []
+        speak(s, 15)  # 512 ms of it: an interruption
         await settle(s, lambda: s.active_response is None)
         assert coord.aborted == [rid]
         assert coord.streams[rid].closed  # unread outputs give their credits back
@@ -209,12 +213,55 @@ def test_audio_arriving_between_a_barge_in_and_its_cancel_is_never_played() -> N
         await s.handle({"type": "response.create"})
         await settle(s, lambda: s.playout.queued > 4800)
         s.read_output(4800)
-        speak(s, 1)
+        speak(s, 16)  # an interruption (past min_interruption_ms)
         assert flushes  # the transport was told at once
         while s.active_response is not None:
             assert s.read_output(480).pcm.max() == 0.0
             await asyncio.sleep(0)
         assert s.conversation.items[-1].audio_ms == 200
+        await s.close()
+
+    run(body())
+
+
+def test_a_short_sound_over_the_bot_pauses_it_and_the_answer_resumes_where_it_was() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=40)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        s.read_output(4800)
+        rid, played = s.active_response, s.playout.played
+        before = dict(played)
+        s.pending_events()
+        speak(s, 6)  # "mhm": 192 ms
+        assert s.read_output(480).pcm.max() == 0.0  # paused at once
+        assert s.playout.played == before  # nothing was taken while paused
+        silence(s, 17)  # 544 ms of silence (past resume_after_ms): it was no interruption
+        assert s.read_output(480).pcm.min() == 1.0  # the answer plays on
+        kinds = types(s)
+        assert "input_audio_buffer.speech_started" in kinds
+        assert "input_audio_buffer.cleared" in kinds  # the blip was dropped...
+        assert "input_audio_buffer.committed" not in kinds  # ...not made a turn
+        assert s.active_response == rid and coord.aborted == []
+        assert [i.role for i in s.conversation.items] == ["assistant"]
+        await s.close()
+
+    run(body())
+
+
+def test_min_interruption_zero_barges_in_on_the_first_window() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=40)
+        s = Session(coord)
+        td = {"type": "server_vad", "min_interruption_ms": 0}
+        await s.handle({"type": "session.update", "session": {"turn_detection": td}})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        rid = s.active_response
+        speak(s, 1)
+        await settle(s, lambda: s.active_response is None)
+        assert coord.aborted == [rid]
         await s.close()
 
     run(body())
