@@ -19,7 +19,7 @@ COPY realtime_omni ./realtime_omni
 COPY configs ./configs
 COPY web ./web
 # Editable: the package finds configs/ and its .cache/ (the tiny model) beside it in /app.
-RUN pip install -e ".[sip]"
+RUN pip install -e ".[sip,aec]"
 
 # The tiny model is built here once, so a container starts without building it.
 RUN python -c "from realtime_omni.models.qwen3_omni.tiny import ensure_tiny; ensure_tiny(0)"

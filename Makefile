@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q -e ".[test,sip]"
+	$(BIN)/pip install -q -e ".[test,sip,aec]"
 
 lint: install
 	$(BIN)/ruff check .

@@ -86,7 +86,9 @@ class EchoGate:
     non-negative mix of the far end's over the last `max_delay_ms` (the delay of network,
     jitter buffer and loudspeaker, and the room's reverb), fitted by least squares every few
     windows on the windows the model itself calls echo or silence, so the person's own speech
-    never teaches it (adaptation frozen in double talk, as echo cancellers do). A window within
+    never teaches it (adaptation frozen in double talk, as echo cancellers do), and trusted only
+    while it predicts the sound it was fitted on within `max_error_db` (a person talking over a
+    bot nobody hears back does not follow the far end, so no path is learnt). A window within
     `margin_db` of its predicted echo is echo; a person talking over the bot is louder than the
     echo of what the bot said. Until `min_windows` of far-end activity were learnt from,
     nothing is judged echo.
@@ -111,6 +113,7 @@ class EchoGate:
         self.margin = 10 ** (margin_db / 10)
         self.min_windows = min_windows
         self.active_floor = 1e-7  # far-end energy (-70 dBFS) below which the bot is silent
+        self.max_error_db = 6.0  # a fit further off than this (median) is not an echo path
         self.path: np.ndarray | None = None  # energy gain per delay, in windows
         self._since_fit = 0
 
@@ -144,6 +147,15 @@ class EchoGate:
             keep = y <= 4 * (x @ h) + 1e-12
             if keep.sum() < self.min_windows:
                 break
+        # Trusted only if it explains the sound it was fitted on: the bot's echo follows the
+        # far end's energy, a person talking does not. Silent windows (below -70 dBFS) say
+        # nothing either way.
+        pred, sound = x @ h, y > self.active_floor
+        if sound.sum() >= self.min_windows:
+            err = np.abs(10 * np.log10((y[sound] + 1e-12) / (pred[sound] + 1e-12)))
+            if float(np.median(err)) > self.max_error_db:
+                self.path = None
+                return
         self.path = h
 
     def window(self, mic: np.ndarray) -> bool:
@@ -158,7 +170,7 @@ class EchoGate:
             self._rows.append(row)
             self._mics.append(mic_e)
             self._since_fit += 1
-            if len(self._mics) >= self.min_windows and (self.path is None or self._since_fit >= 8):
+            if len(self._mics) >= self.min_windows and self._since_fit >= 8:
                 self._since_fit = 0
                 self._fit()
         return echo

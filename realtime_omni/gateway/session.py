@@ -271,7 +271,13 @@ class Session:
 
     async def _vad_loop(self) -> None:
         while True:
-            await self._vad_wake.wait()
+            if not self._turns.paused:
+                await self._vad_wake.wait()
+            elif not await _wait(self._vad_wake, self._turns.params.resume_after_ms / 1000):
+                # Paused over speech, and the client sends no more audio: as much silence.
+                for _ in range(int(self._turns.params.resume_after_ms / 32) + 1):
+                    self._on_window(0.0)
+                continue
             self._vad_wake.clear()
             chunks, self._vad_pending = self._vad_pending, []
             windows = [w for c in chunks for w in self._windower.push(c)]
@@ -786,6 +792,15 @@ class Session:
                 "Cancellation failed: no active response found", code="response_cancel_not_active"
             )
         await self.cancel_response("client_cancelled")
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether `event` was set within `timeout_s`."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _error(e: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:

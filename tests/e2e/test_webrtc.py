@@ -138,18 +138,20 @@ def test_barge_in_silences_the_track_and_every_stage_acks(
             await short_answers(caller, 40)  # about 6 s of answer
             caller.mic.say(np.concatenate([speech48, np.zeros(24000, np.float32)]))
             t_audio, _ = await caller.wait_for("output_audio_buffer.started", timeout(20))
+            # No new answer to the speech that comes: the pipeline must end up idle, not busy.
+            td = {"type": "server_vad", "create_response": False}
+            caller.send(
+                {
+                    "type": "session.update",
+                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": td}}},
+                }
+            )
+            await caller.wait_for("session.updated", timeout(5), since=t_audio)
             await asyncio.sleep(0.6)
             t_talk = time.monotonic()
             caller.mic.say(speech48)  # talk over the bot
             t_started, _ = await caller.wait_for(
                 "input_audio_buffer.speech_started", timeout(10), since=t_talk
-            )
-            # No new turn from this speech: the pipeline must end up idle, not busy again.
-            caller.send(
-                {
-                    "type": "session.update",
-                    "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}},
-                }
             )
             _, done = await caller.wait_for("response.done", timeout(10), since=t_talk)
             assert done["response"]["status"] == "cancelled"
