@@ -16,9 +16,9 @@ let heldSince = null; // performance.now() time push-to-talk was pressed; null: 
 
 // Opens the microphone for a call (rejects as getUserMedia does) and returns its stream.
 export async function openMic() {
-  // Raw audio by default: the browser's processing changes what the VAD and the model hear
-  // (and makes tests irreproducible); with speakers, echo cancellation keeps the bot from
-  // hearing, and interrupting, itself.
+  // The browser's echo cancellation by default: with speakers it keeps the bot from hearing,
+  // and interrupting, itself (the server's echo gate is the second line). With headphones it
+  // can be turned off for raw audio, which is what the VAD and the model hear best.
   const aec = $("aec").checked;
   stream = await navigator.mediaDevices.getUserMedia({
     audio: {
