@@ -20,6 +20,11 @@ does not depend on the batch (reading the weights) plus a part per request (or p
   then `chunk` (code2wav, text decode); a step costs `base_ms` + `step_ms` x the items of every
   chunk in it.
 
+A chunk stage with `speech_text` (or `speech_wav`, a 16-bit mono WAV) speaks: its float outputs
+to the client carry consecutive 24 kHz samples of that speech, looped, each request from the
+start, instead of the tone, so the simulated bot sounds like a voice (echo and turn-taking
+tests need one). `speech_text` is spoken by espeak-ng once and kept under `.cache/`.
+
 `serial: true` makes follow and chunk wait until their input stream ended (and a chunk stage
 then emits everything as one chunk): the serial baseline, as `generate()` runs the thinker to its
 end, then the talker, then one vocoder pass.
@@ -80,6 +85,7 @@ class _Req:
     first_done: bool = False
     prefilled: int = 0  # prompt tokens prefilled so far (generate)
     held: bool = False  # its outputs wait for credit: make nothing for it
+    spoken: int = 0  # samples of the speech given so far (a speaking chunk stage)
 
 
 class SimulatedExecutor:
@@ -117,6 +123,7 @@ class SimulatedExecutor:
                     "on cpu, or run it on a machine with that GPU"
                 )
         self.outputs: dict[str, dict[str, tuple[str, list[Any]]]] = p.get("outputs", {})
+        self.speech = _speech(ctx.stage, p) if self.role == "chunk" else None
         self.reqs: dict[str, _Req] = {}
         self._arrays: dict[tuple[str, str, str], Any] = {}  # numpy arrays, CUDA tensors
 
@@ -273,9 +280,20 @@ class SimulatedExecutor:
             payload: Payload = dict(meta)
             for name, (dtype, shape) in spec.items():
                 shape = tuple(n if d == "n" else d for d in shape)
+                if self.speech is not None and target == CLIENT and dtype.startswith("float"):
+                    payload[name] = self._speak(rid, shape)
+                    continue
                 payload[name] = self._array(dtype, shape, self.device if on_gpu else "cpu")
             emits.append(Emit(rid, payload, to=target))
         return emits
+
+    def _speak(self, rid: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The request's next samples of the speech, looped."""
+        assert self.speech is not None
+        r, n = self.reqs[rid], math.prod(shape)
+        at = np.arange(r.spoken, r.spoken + n) % len(self.speech)
+        r.spoken += n
+        return self.speech[at].reshape(shape)
 
     def _array(self, dtype: str, shape: tuple[int, ...], device: str) -> Any:
         key = (dtype, str(shape), device)
@@ -297,3 +315,47 @@ class SimulatedExecutor:
                 a = from_numpy(a, device)
             self._arrays[key] = a
         return a
+
+
+SPEECH_RATE_HZ = 24000
+
+
+def _speech(stage: str, p: dict[str, Any]) -> np.ndarray | None:
+    """The speech a speaking chunk stage plays (24 kHz float32), or None."""
+    import hashlib
+    import shutil
+    import subprocess
+    import wave
+    from pathlib import Path
+
+    text, path = p.get("speech_text"), p.get("speech_wav")
+    if text is None and path is None:
+        return None
+    if path is None:
+        digest = hashlib.sha256(str(text).encode()).hexdigest()[:16]
+        path = Path(__file__).resolve().parents[2] / ".cache" / f"speech-{digest}.wav"
+        if not path.is_file():
+            if shutil.which("espeak-ng") is None:
+                raise ConfigError(
+                    f"stages.{stage}.params.speech_text needs espeak-ng to speak it. Fix: "
+                    "apt-get install espeak-ng, or give speech_wav instead"
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp.wav")
+            subprocess.run(["espeak-ng", "-w", str(tmp), str(text)], check=True)
+            tmp.replace(path)
+    try:
+        with wave.open(str(path)) as w:
+            if w.getnchannels() != 1 or w.getsampwidth() != 2:
+                raise ConfigError(f"stages.{stage}.params.speech_wav: {path} is not 16-bit mono")
+            rate = w.getframerate()
+            x = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+    except (OSError, EOFError, wave.Error) as e:
+        raise ConfigError(f"stages.{stage}.params.speech_wav: cannot read {path}: {e}") from None
+    if rate != SPEECH_RATE_HZ:
+        import soxr
+
+        x = soxr.resample(x, rate, SPEECH_RATE_HZ).astype(np.float32)
+    if not len(x):
+        raise ConfigError(f"stages.{stage}.params: the speech is empty")
+    return x

@@ -103,3 +103,47 @@ def test_a_chunk_step_costs_every_item_in_it(clock: Clock) -> None:
     ex.step()  # first chunks: 1 item each
     ex.step()  # then 4 each
     assert clock.slept == [2 + 2 * 0.5, 2 + 8 * 0.5]
+
+
+def test_a_speaking_chunk_stage_plays_its_speech_in_order_for_each_request(
+    clock: Clock, tmp_path: Any
+) -> None:
+    import wave
+
+    import numpy as np
+
+    voice = (np.sin(np.arange(24000) / 7.0) * 16000).astype(np.int16)  # a second at 24 kHz
+    path = tmp_path / "voice.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(voice.tobytes())
+    ctx = StageContext(
+        "code2wav", "cpu",
+        {"role": "chunk", "first_chunk": 1, "chunk": 2, "speech_wav": str(path),
+         "outputs": {"client": {"pcm": ["float32", ["n", 1920]]}}},
+        {}, ["client"],
+    )  # fmt: skip
+    ex = SimulatedExecutor(ctx)
+    for rid in ("a", "b"):
+        ex.add_request(rid, {})
+        for _ in range(3):
+            ex.add_item(rid, "up", {"token_time": 0.0})
+    got: dict[str, list[np.ndarray]] = {"a": [], "b": []}
+    for _ in range(2):
+        for e in ex.step():
+            if e.data is not None:
+                got[e.request_id].append(np.asarray(e.data["pcm"]).reshape(-1))
+    for pcm in got.values():  # 3 frames: 5,760 samples, the speech looped from its start
+        x = np.concatenate(pcm)
+        assert len(x) == 3 * 1920
+        assert np.allclose(x, np.resize(voice, len(x)) / 32768, atol=1e-6)
+
+
+def test_speech_text_without_espeak_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setattr("pathlib.Path.is_file", lambda self: False)
+    ctx = StageContext("code2wav", "cpu", {"role": "chunk", "speech_text": "hello"}, {})
+    with pytest.raises(ConfigError, match="needs espeak-ng"):
+        SimulatedExecutor(ctx)
