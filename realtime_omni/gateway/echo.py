@@ -77,69 +77,72 @@ class EchoGate:
     No I/O; numpy energies only.
 
         gate = EchoGate()
-        gate.far(pcm16k)               # what the transport just sent out (16 kHz)
-        echo = gate.window(mic_window)  # per VAD window: True if its energy is explained by
-                                        # the bot's audio through the echo path
+        gate.far(pcm16k, t)              # what the transport sent out at time t (16 kHz)
+        echo = gate.window(mic_window, t)  # per VAD window that arrived at t: True if its energy
+                                           # is explained by the bot's audio through the echo path
 
-    The far end is consumed at the microphone's pace, as the canceller's is, one energy per
-    window. The echo path is modelled on those energies: the microphone's energy is a
-    non-negative mix of the far end's over the last `max_delay_ms` (the delay of network,
-    jitter buffer and loudspeaker, and the room's reverb), fitted by least squares every few
-    windows on the windows the model itself calls echo or silence, so the person's own speech
-    never teaches it (adaptation frozen in double talk, as echo cancellers do), and trusted only
-    while it predicts the sound it was fitted on within `max_error_db` (a person talking over a
-    bot nobody hears back does not follow the far end, so no path is learnt). A window within
-    `margin_db` of its predicted echo is echo; a person talking over the bot is louder than the
-    echo of what the bot said. Until `min_windows` of far-end activity were learnt from,
-    nothing is judged echo.
+    Both sides are put on the clock: far-end audio is taken to play from when it was sent (or
+    right after what was sent before it, for a transport that sends ahead), one energy per
+    32 ms slot; a microphone window is compared with the far end's slots before its arrival.
+    The echo path is modelled on those energies: the microphone's energy is a non-negative mix
+    of the far end's over the last `max_delay_ms` (network, jitter buffer, loudspeaker, the
+    room's reverb), fitted by least squares every few windows on the windows the model itself
+    calls echo or silence, so the person's own speech never teaches it (adaptation frozen in
+    double talk, as echo cancellers do), and trusted only while it predicts the sound it was
+    fitted on within `max_error_db` (a person talking over a bot nobody hears back does not
+    follow the far end, so no path is learnt). A window within `margin_db` of its predicted
+    echo is echo; a person talking over the bot is louder than the echo of what it said.
     """
+
+    SLOT_S = 0.032
 
     def __init__(
         self,
-        max_delay_ms: float = 560.0,
-        margin_db: float = 3.0,
+        max_delay_ms: float = 640.0,
+        margin_db: float = 6.0,
         history_s: float = 8.0,
         min_windows: int = 16,
-        window: int = 512,
     ) -> None:
-        self.size = window
-        self.taps = max(1, round(max_delay_ms * 16 / window))
-        self._far_env: deque[float] = deque([0.0] * self.taps, maxlen=self.taps)
-        n = round(history_s * 16000 / window)
+        self.taps = max(1, round(max_delay_ms / 1000 / self.SLOT_S))
+        self._slots: dict[int, float] = {}  # slot -> summed squares of far-end samples in it
+        self._far_clock = 0.0  # when the far end sent so far ends playing
+        n = round(history_s / self.SLOT_S)
         self._rows: deque[np.ndarray] = deque(maxlen=n)  # far-end energies per learnt window
         self._mics: deque[float] = deque(maxlen=n)
-        self._fifo: deque[np.ndarray] = deque()
-        self._fifo_len = 0
         self.margin = 10 ** (margin_db / 10)
         self.min_windows = min_windows
         self.active_floor = 1e-7  # far-end energy (-70 dBFS) below which the bot is silent
         self.max_error_db = 6.0  # a fit further off than this (median) is not an echo path
-        self.path: np.ndarray | None = None  # energy gain per delay, in windows
+        self.path: np.ndarray | None = None  # energy gain per delay, in slots
+        self.floor = 0.0  # the microphone's energy with nobody talking and no echo
+        self.prior = 10 ** (-6 / 10)  # until a path is learnt: echo as loud as -6 dB is possible
         self._since_fit = 0
 
-    def far(self, pcm: np.ndarray) -> None:
+    def far(self, pcm: np.ndarray, t: float) -> None:
         x = np.asarray(pcm, np.float32).reshape(-1)
-        if len(x):
-            self._fifo.append(x)
-            self._fifo_len += len(x)
-        while self._fifo_len > 16000:  # a second at most waits
-            self._fifo_len -= len(self._fifo.popleft())
-
-    def _take(self, n: int) -> np.ndarray:
-        parts, need = [], n
-        while need and self._fifo:
-            head = self._fifo[0]
-            parts.append(head[:need])
-            if len(head) <= need:
-                self._fifo.popleft()
-            else:
-                self._fifo[0] = head[need:]
-            need -= len(parts[-1])
-        self._fifo_len -= n - need
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        if not len(x):
+            return
+        start = max(t, self._far_clock)
+        self._far_clock = start + len(x) / 16000
+        first = int(start / self.SLOT_S)
+        per = self.SLOT_S * 16000
+        offset = round((start - first * self.SLOT_S) * 16000)
+        sq = np.square(x.astype(np.float64))
+        at = 0
+        slot = first
+        while at < len(sq):
+            take = int(per) - offset if at == 0 else int(per)
+            take = max(1, min(take, len(sq) - at))
+            self._slots[slot] = self._slots.get(slot, 0.0) + float(sq[at : at + take].sum())
+            at += take
+            slot += 1
+        for old in [k for k in self._slots if k < first - 4 * self.taps]:
+            del self._slots[old]
 
     def _fit(self) -> None:
         x, y = np.asarray(self._rows), np.asarray(self._mics)
+        self.floor = float(np.quantile(y, 0.1))  # the room's own noise
+        y = np.maximum(y - self.floor, 0.0)
         keep = np.ones(len(y), bool)
         for _ in range(3):  # least squares, then again without what it cannot explain
             h, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
@@ -147,25 +150,31 @@ class EchoGate:
             keep = y <= 4 * (x @ h) + 1e-12
             if keep.sum() < self.min_windows:
                 break
-        # Trusted only if it explains the sound it was fitted on: the bot's echo follows the
-        # far end's energy, a person talking does not. Silent windows (below -70 dBFS) say
-        # nothing either way.
-        pred, sound = x @ h, y > self.active_floor
+        pred, sound = x @ h, y > y.max() * 1e-3  # within 30 dB of the loudest: not the floor
         if sound.sum() >= self.min_windows:
             err = np.abs(10 * np.log10((y[sound] + 1e-12) / (pred[sound] + 1e-12)))
+            log.debug(
+                "echo fit: %d windows, median error %.1f dB, lag %d",
+                len(y),
+                float(np.median(err)),
+                int(np.argmax(h)),
+            )
             if float(np.median(err)) > self.max_error_db:
                 self.path = None
                 return
         self.path = h
 
-    def window(self, mic: np.ndarray) -> bool:
-        far = self._take(len(mic))
-        self._far_env.appendleft(float(np.mean(np.square(far))) if len(far) else 0.0)
-        row = np.asarray(self._far_env)  # newest first: row[k] is k windows ago
+    def window(self, mic: np.ndarray, t: float) -> bool:
+        now = int((t - self.SLOT_S / 2) / self.SLOT_S)  # the slot of the window's middle
+        per = self.SLOT_S * 16000
+        row = np.array([self._slots.get(now - k, 0.0) / per for k in range(self.taps)])
         if row.max() < self.active_floor:
             return False
         mic_e = float(np.mean(np.square(np.asarray(mic, np.float32))))
-        echo = self.path is not None and mic_e <= self.margin * float(row @ self.path)
+        if self.path is None:  # before the first fit: an echo up to -6 dB at any delay
+            echo = mic_e <= self.prior * float(row.max())
+        else:
+            echo = mic_e <= self.margin * float(row @ self.path) + self.floor
         if self.path is None or echo:  # learn from echo and silence, never from double talk
             self._rows.append(row)
             self._mics.append(mic_e)

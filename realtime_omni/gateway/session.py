@@ -164,6 +164,7 @@ class Session:
         self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
         self._aec: EchoCanceller | None = None  # made at start() when the settings want one
         self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
         self._far_resampler: Resampler | None = None  # what was read out, at 16 kHz
         self._windower = Windower()
         self._vad_pending: list[np.ndarray] = []
@@ -252,6 +253,8 @@ class Session:
 
     def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
         x = self.input.push(pcm, rate_hz, self._aec.near if self._aec is not None else None)
+        if len(x):  # when each sample arrived, for the echo gate's clock
+            self._arrivals.append((self.input.end, time.monotonic()))
         if len(x) and self.settings.turn_detection is not None:
             self._vad_pending.append(x)
             self._vad_wake.set()
@@ -289,7 +292,7 @@ class Session:
                 part = windows[i : i + VAD_WINDOWS_PER_PASS]
                 for p, w in zip(await self._vad_model.probs(part), part, strict=True):
                     self._vad_samples += len(part[0])
-                    self._on_window(p, w)
+                    self._on_window(p, w, self._arrival(self._vad_samples))
             if not self._vad.speaking and self.settings.turn_detection is not None:
                 pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
                 self.input.trim(self._vad_samples - pad - len(windows[0]))
@@ -298,10 +301,16 @@ class Session:
         """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
         self._on_window(prob)
 
-    def _on_window(self, prob: float, window: np.ndarray | None = None) -> None:
+    def _arrival(self, end: int) -> float:
+        """When the input sample before absolute index `end` arrived."""
+        while len(self._arrivals) > 1 and self._arrivals[0][0] < end:
+            self._arrivals.popleft()
+        return self._arrivals[0][1] if self._arrivals else time.monotonic()
+
+    def _on_window(self, prob: float, window: np.ndarray | None = None, t: float = 0.0) -> None:
         """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks."""
         td = self.settings.turn_detection
-        if window is not None and self._gate.window(window) and td and td.turns.echo_gate:
+        if window is not None and self._gate.window(window, t) and td and td.turns.echo_gate:
             prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
         ev = self._vad.feed(prob)
         if td is None:
@@ -316,7 +325,11 @@ class Session:
             )
         speaking = td.interrupt_response and self._response is not None
         for d in self._turns.feed(prob, ev, speaking) if speaking or self._turns.paused else ():
-            log.debug("session %s: speech over the answer: %s", self.id, d.value)
+            log.debug(
+                "session %s: speech over the answer: %s (echo path %s, lag %s windows)",
+                self.id, d.value, "learnt" if self._gate.path is not None else "unknown",
+                None if self._gate.path is None else int(np.argmax(self._gate.path)),
+            )  # fmt: skip
             if d is Decision.PAUSE:
                 self.playout.paused = True  # the next frame out is silent; nothing is lost
                 self._barge_at = time.monotonic()
@@ -391,7 +404,7 @@ class Session:
             if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
                 self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
             far = self._far_resampler.process(r.pcm)
-            self._gate.far(far)
+            self._gate.far(far, time.monotonic())
             if self._aec is not None:
                 self._aec.far(far)
         now = time.monotonic()

@@ -72,8 +72,10 @@ class RealtimeConnection:
                 # Wake on an event, on fresh audio (so a first chunk leaves at once) or the tick.
                 audio = asyncio.create_task(s.audio_written.wait())
                 wait_s = max(0.0, next_tick - time.monotonic())
-                await asyncio.wait({get, audio}, timeout=wait_s, return_when="FIRST_COMPLETED")
-                audio.cancel()
+                try:
+                    await asyncio.wait({get, audio}, timeout=wait_s, return_when="FIRST_COMPLETED")
+                finally:  # also when the connection's end cancels this loop mid-wait
+                    audio.cancel()
                 if get.done():
                     await self.send(get.result())
                     get = None
