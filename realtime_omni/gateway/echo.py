@@ -99,7 +99,7 @@ class EchoGate:
     def __init__(
         self,
         max_delay_ms: float = 640.0,
-        margin_db: float = 6.0,
+        margin_db: float = 4.5,
         history_s: float = 8.0,
         min_windows: int = 16,
     ) -> None:

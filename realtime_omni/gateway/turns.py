@@ -37,9 +37,10 @@ class Decision(Enum):
 
 @dataclass(frozen=True)
 class TurnParams:
-    # Speech over the bot this long (speech windows, summed) is an interruption. LiveKit's
-    # default is the same 500 ms; "mhm", "yeah", "okay" and a cough are shorter.
-    min_interruption_ms: int = 500
+    # Speech over the bot this long (speech windows, summed) is an interruption. "mhm",
+    # "yeah", "okay" and a cough are shorter: espeak-ng's longest backchannel ("mhm") holds 576
+    # ms of speech windows, a real one about 300-400. LiveKit's default is 500 ms.
+    min_interruption_ms: int = 700
     # Speech over the bot that then stays silent this long was not an interruption; long enough
     # for the pause after a comma ("Hello, how are you").
     resume_after_ms: int = 500

@@ -184,7 +184,7 @@ def test_barge_in_silences_the_next_read_aborts_and_keeps_what_was_played() -> N
         speak(s, 1)  # speech starts while the bot talks: paused
         assert s.read_output(480).pcm.max() == 0.0  # the very next frame is silent
         assert coord.aborted == []
-        speak(s, 15)  # 512 ms of it: an interruption
+        speak(s, 22)  # 736 ms of it: an interruption
         await settle(s, lambda: s.active_response is None)
         assert coord.aborted == [rid]
         assert coord.streams[rid].closed  # unread outputs give their credits back
@@ -213,7 +213,7 @@ def test_audio_arriving_between_a_barge_in_and_its_cancel_is_never_played() -> N
         await s.handle({"type": "response.create"})
         await settle(s, lambda: s.playout.queued > 4800)
         s.read_output(4800)
-        speak(s, 16)  # an interruption (past min_interruption_ms)
+        speak(s, 23)  # an interruption (past min_interruption_ms)
         assert flushes  # the transport was told at once
         while s.active_response is not None:
             assert s.read_output(480).pcm.max() == 0.0

@@ -38,13 +38,14 @@ def test_speech_over_the_bot_past_min_interruption_is_a_barge_in() -> None:
     got = run(trace)
     assert got[0] == (5, Decision.PAUSE)
     assert got[1][1] == Decision.BARGE_IN and len(got) == 2
-    assert (got[1][0] - 5 + 1) * W >= 500 and (got[1][0] - 5) * W < 500 + W
+    need = TurnParams().min_interruption_ms
+    assert (got[1][0] - 5 + 1) * W >= need and (got[1][0] - 5) * W < need + W
 
 
 def test_short_gaps_inside_an_interruption_do_not_resume_it() -> None:
-    # three 200 ms bursts with 150 ms gaps: 600 ms of speech, never long silent
+    # four 200 ms bursts with 150 ms gaps: 800 ms of speech, never long silent
     burst, gap = [0.9] * ms(200), [0.1] * ms(150)
-    got = run([0.0] * 3 + burst + gap + burst + gap + burst + [0.0] * 20)
+    got = run([0.0] * 3 + burst + gap + burst + gap + burst + gap + burst + [0.0] * 20)
     assert [d for _, d in got] == [Decision.PAUSE, Decision.BARGE_IN]
 
 
@@ -64,7 +65,41 @@ def test_min_interruption_zero_is_the_old_immediate_barge_in() -> None:
 
 def test_a_cough_then_real_speech_is_one_interruption_once_it_is_long_enough() -> None:
     cough = [0.95] * ms(150)
-    got = run([0.0] * 3 + cough + [0.0] * ms(700) + [0.9] * ms(800))
+    got = run([0.0] * 3 + cough + [0.0] * ms(700) + [0.9] * ms(1000))
     kinds = [d for _, d in got]
     assert kinds == [Decision.PAUSE, Decision.RESUME, Decision.DISCARD, Decision.PAUSE,
                      Decision.BARGE_IN]  # fmt: skip
+
+
+def silero_trace(texts: list[str], gap_s: float = 0.0) -> list[float]:
+    """silero-vad's window probabilities of espeak-ng speech: a trace recorded from the model,
+    with `gap_s` of silence before and after each text."""
+    import numpy as np
+    import pytest
+
+    from realtime_omni.clients.webrtc import espeak
+    from realtime_omni.gateway.audio import resample
+    from realtime_omni.gateway.vad import SileroVad, Windower
+
+    vad = SileroVad()
+    stream = vad.stream()
+    parts = []
+    for text in texts:
+        spoken = espeak(text)
+        if spoken is None:
+            pytest.skip("espeak-ng is not installed")
+        pad = np.zeros(int(16000 * gap_s), np.float32)
+        parts += [pad, resample(spoken[0], spoken[1], 16000), pad]
+    windows = Windower().push(np.concatenate(parts))
+    import asyncio
+
+    return asyncio.run(stream.probs(windows))
+
+
+def test_recorded_backchannels_over_the_bot_resume_it_and_an_interruption_cuts_it() -> None:
+    for word in ["mhm", "uh-huh", "yeah", "okay", "right"]:
+        got = [d for _, d in run([0.0] * 5 + silero_trace([word], 0.6))]
+        assert Decision.BARGE_IN not in got, (word, got)
+        assert got[-2:] == [Decision.RESUME, Decision.DISCARD], (word, got)
+    got = [d for _, d in run([0.0] * 5 + silero_trace(["Wait, stop, I have a question."], 0.6))]
+    assert got == [Decision.PAUSE, Decision.BARGE_IN]
