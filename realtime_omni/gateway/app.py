@@ -188,8 +188,20 @@ async def _stats(request: Request) -> Response:
             "phone": request.app.state.phones.stats()
             + (request.app.state.sip.stats() if request.app.state.sip else []),
             "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
+            "gateway_process": _process_stats(),
+            "sip": request.app.state.sip.status() if request.app.state.sip else None,
         }
     )
+
+
+def _process_stats() -> dict[str, int]:
+    """The gateway process's threads, open file descriptors and UDP sockets (RTP, SIP, ICE):
+    what a call must give back when it ends."""
+    import psutil
+
+    proc = psutil.Process()
+    udp = sum(1 for c in proc.net_connections(kind="udp"))
+    return {"threads": proc.num_threads(), "fds": proc.num_fds(), "udp_sockets": udp}
 
 
 def create_app(

@@ -116,6 +116,7 @@ class EchoGate:
         self.path: np.ndarray | None = None  # energy gain per delay, in slots
         self.floor = 0.0  # the microphone's energy with nobody talking and no echo
         self.prior = 10 ** (-6 / 10)  # until a path is learnt: echo as loud as -6 dB is possible
+        self._last = False  # the previous window was echo
         self._since_fit = 0
 
     def far(self, pcm: np.ndarray, t: float) -> None:
@@ -169,6 +170,7 @@ class EchoGate:
         per = self.SLOT_S * 16000
         row = np.array([self._slots.get(now - k, 0.0) / per for k in range(self.taps)])
         if row.max() < self.active_floor:
+            self._last = False
             return False
         mic_e = float(np.mean(np.square(np.asarray(mic, np.float32))))
         if self.path is None:  # before the first fit: an echo up to -6 dB at any delay
@@ -182,4 +184,7 @@ class EchoGate:
             if len(self._mics) >= self.min_windows and self._since_fit >= 8:
                 self._since_fit = 0
                 self._fit()
-        return echo
+        # One window above its predicted echo right after echo is not yet a person: the fit's
+        # error scatters single windows over the margin; a person stays over it.
+        after_echo, self._last = self._last, echo and mic_e > 2 * self.floor  # echo, not silence
+        return echo or (after_echo and self.path is not None)

@@ -5,6 +5,7 @@ what it receives) and SIPp (scripted signalling: DTMF, hold, refusals, OPTIONS).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import socket
@@ -71,6 +72,7 @@ def test_baresip_call_hears_the_answer_barges_in_and_hangs_up(
     sip_server: tuple[str, int], speech: np.ndarray, tmp_path: Path
 ) -> None:
     url, port = sip_server
+    before = get_json(f"{url}/v1/stats")["gateway_process"]
     say = resample(speech, 24000, 8000)
     gap = np.zeros(8000 * 3, np.float32)
     source = tmp_path / "caller.wav"
@@ -106,6 +108,9 @@ def test_baresip_call_hears_the_answer_barges_in_and_hangs_up(
     st = asyncio.run(settle(url))
     assert st["sessions"] == 0 and st["phone"] == []
     assert_pipeline_idle(st)
+    after = st["gateway_process"]  # the call's RTP socket, threads and descriptors are gone
+    assert after["udp_sockets"] <= before["udp_sockets"], (before, after)
+    assert after["threads"] <= before["threads"] and after["fds"] <= before["fds"], (before, after)
 
 
 def test_dtmf_hold_and_resume_keep_the_call(sip_server: tuple[str, int], tmp_path: Path) -> None:
@@ -184,3 +189,45 @@ def test_options_is_answered(sip_server: tuple[str, int], tmp_path: Path) -> Non
     proc = sipp(tmp_path, port, SCENARIOS / "options.xml")
     _, err = proc.communicate(timeout=timeout(30))
     assert proc.returncode == 0, err.decode()[-2000:]
+
+
+def test_the_server_registers_with_a_trunk_using_credentials_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    """SIPp as the trunk's registrar: it challenges the REGISTER and answers 200 only to the
+    configured user and the password from the environment (403 otherwise)."""
+    pytest.importorskip("pjsua2")
+    registrar_port = _free_port()
+    registrar = subprocess.Popen(
+        ["sipp", "-sf", str(SCENARIOS / "registrar.xml"), "-i", "127.0.0.1",
+         "-p", str(registrar_port), "-m", "1", "-nostdin", "-timeout", "30s", "-trace_err"],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
+    cfg["sip"] = {
+        "rtp_port": 41400,
+        "registration": {
+            "registrar": f"sip:127.0.0.1:{registrar_port}",
+            "user": "realtime-bot",
+            "realm": "trunk.example.com",
+            "password_env": "RTO_TEST_TRUNK_PASSWORD",
+        },
+    }
+    path = tmp_path / "trunk.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    os.environ["RTO_TEST_TRUNK_PASSWORD"] = "s3cret"
+    try:
+        with serving("--sip-port", "0", config=path) as url:
+            deadline = time.monotonic() + timeout(10)
+            while time.monotonic() < deadline:
+                status = get_json(f"{url}/v1/stats")["sip"]["registration"]
+                if status is not None and status != 401:
+                    break
+                time.sleep(0.1)
+            assert status == 200, status
+        _, err = registrar.communicate(timeout=timeout(10))
+        assert registrar.returncode == 0, err.decode()[-2000:]
+    finally:
+        os.environ.pop("RTO_TEST_TRUNK_PASSWORD", None)
+        if registrar.poll() is None:
+            registrar.kill()

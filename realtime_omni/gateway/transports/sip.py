@@ -94,6 +94,7 @@ class SipServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[None] | None = None
+        self.registration: int | None = None  # the registrar's last status code
 
     # ---- lifecycle (event loop) --------------------------------------------------------------
 
@@ -119,6 +120,10 @@ class SipServer:
 
     def stats(self) -> list[dict[str, Any]]:
         return [c.stats() for c in list(self.live.values())]
+
+    def status(self) -> dict[str, Any]:
+        """Where SIP listens and, with `registration`, the registrar's last answer."""
+        return {"address": list(self.address), "registration": self.registration}
 
     # ---- the PJSIP thread ----------------------------------------------------------------------
 

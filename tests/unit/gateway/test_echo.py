@@ -99,7 +99,7 @@ def test_the_gate_takes_the_bots_echo_for_echo(db: float, delay_ms: int) -> None
 
 @pytest.mark.parametrize("db", [-12, -20, None])  # at -6 dB the echo is as loud as them
 def test_the_gate_lets_a_person_through_over_the_echo_or_without_one(db: float | None) -> None:
-    bot, person = speech(BOT), speech("Wait, stop, I have a question.")
+    bot, person = speech(BOT), speech("Wait, stop, I have a question about that.")
     start = len(bot) // 2
     near = np.zeros(len(bot), np.float32)
     near[start : start + len(person)] = person[: len(bot) - start]
