@@ -271,6 +271,7 @@ if pj is not None:
 
         def onRegState(self, prm: Any) -> None:
             info = self.getInfo()
+            self.server.registration = int(prm.code)
             log.info("SIP registration: %s %s", prm.code, info.regStatusText)
 
     class _Port(pj.AudioMediaPort):
