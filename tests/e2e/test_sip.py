@@ -30,6 +30,7 @@ from tests.e2e.test_webrtc import assert_pipeline_idle, get_json
 
 SCENARIOS = Path(__file__).parent / "sip"
 LOUD = 1500  # int16: the simulated tone peaks near 3,300 after G.711
+IDLE_S = 9.0  # longer than the other tests' silences
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("baresip") and shutil.which("sipp")),
@@ -41,7 +42,11 @@ pytestmark = pytest.mark.skipif(
 def sip_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     pytest.importorskip("pjsua2")
     cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
-    cfg["phone"] = {"routes": {"default": {"session": {"max_output_tokens": 40}}}}
+    cfg["phone"] = {
+        "idle_timeout_s": IDLE_S,
+        "goodbye_max_s": 2.0,
+        "routes": {"default": {"session": {"max_output_tokens": 40}}},
+    }
     cfg["sip"] = {"allowed_peers": ["127.0.0.1"], "rtp_port": 41000, "rtp_port_range": 200}
     path = Path(tmp_path_factory.mktemp("sip")) / "sip.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -232,3 +237,17 @@ def test_the_server_registers_with_a_trunk_using_credentials_from_the_environmen
         os.environ.pop("RTO_TEST_TRUNK_PASSWORD", None)
         if registrar.poll() is None:
             registrar.kill()
+
+
+def test_an_idle_caller_gets_a_goodbye_and_the_servers_bye_over_pcma(
+    sip_server: tuple[str, int], tmp_path: Path
+) -> None:
+    url, port = sip_server
+    t0 = time.monotonic()
+    proc = sipp(tmp_path, port, SCENARIOS / "invite_wait_bye.xml")
+    _, err = proc.communicate(timeout=timeout(IDLE_S + 25))
+    assert proc.returncode == 0, err.decode()[-2000:]  # the BYE came, and was answered
+    assert time.monotonic() - t0 >= IDLE_S
+    st = asyncio.run(settle(url))
+    assert st["sessions"] == 0 and st["phone"] == []
+    assert_pipeline_idle(st)

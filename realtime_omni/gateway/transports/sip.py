@@ -69,6 +69,10 @@ def offers_g711(message: str) -> bool:
     return bool(_G711.search(body))
 
 
+def _keep(obj: Any) -> None:
+    """Nothing: a command that holds `obj` until the PJSIP thread has run it."""
+
+
 def peer_ip(src_address: str) -> str:
     """'203.0.113.7:5060' or '[2001:db8::1]:5060' -> the address."""
     host = src_address.rsplit(":", 1)[0] if src_address.count(":") == 1 else src_address
@@ -104,6 +108,10 @@ class SipServer:
         self._thread = threading.Thread(target=self._main, name="sip", daemon=True)
         self._thread.start()
         await self._ready
+        # pjsua2 objects must die on a thread pjlib knows: the PJSIP thread drops the calls,
+        # but a stray last reference (the collector, a closure) may go on this one.
+        if not pj.Endpoint.instance().libIsThreadRegistered():
+            pj.Endpoint.instance().libRegisterThread("gateway")
         log.info("SIP user agent on udp:%s:%d", *self.address)
 
     async def close(self) -> None:
@@ -411,7 +419,12 @@ if pj is not None:
                 self.out.clear()
                 await s.close()
                 gw.forget(s)
-                server.live.pop(self.call_id, None)
+                s.heard_ms = s.on_flush = s.on_pause = None  # the session lets go of the call
+                self.session = None
+                # The last reference goes with a command to the PJSIP thread, where the call
+                # object may be destroyed (pjlib refuses unregistered threads).
+                call = server.live.pop(self.call_id, None)
+                server._post(lambda: _keep(call))
 
         async def _feed(self) -> None:
             """Keep `lead_ms` of 20 ms frames ready for the media clock."""
