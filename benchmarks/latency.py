@@ -165,7 +165,8 @@ def compute_ms(steps: dict[str, list[list[float]]], token_time: float, left: flo
 
 
 async def set_turns(caller: Caller, on: bool, tokens: int) -> None:
-    td = {"type": "server_vad"} if on else None
+    """Server VAD on; `on` False: a turn it detects gets no answer (the talk-over speech)."""
+    td = {"type": "server_vad", "create_response": on}
     caller.send(
         {
             "type": "session.update",
@@ -192,14 +193,14 @@ async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dic
             await caller.wait_for("response.created", 30, since=time.monotonic())
             await caller.wait_for("output_audio_buffer.started", 60)
             end = caller.mic.speech_ended_at
+            await set_turns(caller, False, tokens)  # the speech over it makes no new answer
             await asyncio.sleep(HOLD_S)  # the audio also passes the caller's jitter buffer
             first = next((t for t, p in caller.frames if end and t > end and p > LOUD), None)
             if end is not None and first is not None:
                 heard.append((first - end) * 1e3)
             t_talk = time.monotonic()
-            caller.mic.say(speech[: len(speech) // 2])  # talk over the answer
+            caller.mic.say(speech)  # talk over the answer, past min_interruption_ms
             await caller.wait_for("input_audio_buffer.speech_started", 15, since=t_talk)
-            await set_turns(caller, False, tokens)  # this speech makes no new turn
             await caller.wait_for("response.done", 15, since=t_talk)
             while caller.mic.queued_s > 0:
                 await asyncio.sleep(0.05)

@@ -89,9 +89,13 @@ class EchoGate:
     room's reverb), fitted by least squares every few windows on the windows the model itself
     calls echo or silence, so the person's own speech never teaches it (adaptation frozen in
     double talk, as echo cancellers do), and trusted only while it predicts the sound it was
-    fitted on within `max_error_db` (a person talking over a bot nobody hears back does not
-    follow the far end, so no path is learnt). A window within `margin_db` of its predicted
-    echo is echo; a person talking over the bot is louder than the echo of what it said.
+    fitted on within `max_error_db`, rising and falling with it (`min_correlation` of the log
+    energies): a person talking over a bot nobody hears back does not follow the far end, and
+    a far end that does not vary (a test tone) shows no path at all, so none is learnt. A
+    window within `margin_db` of its predicted echo is echo; a person talking over the bot is
+    louder than the echo of what it said. Until a path is learnt, sound 10 dB under the far
+    end is taken for echo: the first second of a session's first answer may pause on a louder
+    echo.
     """
 
     SLOT_S = 0.032
@@ -113,9 +117,12 @@ class EchoGate:
         self.min_windows = min_windows
         self.active_floor = 1e-7  # far-end energy (-70 dBFS) below which the bot is silent
         self.max_error_db = 6.0  # a fit further off than this (median) is not an echo path
+        self.min_correlation = 0.5  # nor one whose prediction does not rise and fall with it
+        # Before a path is learnt, sound 10 dB under the far end is taken for its echo (a
+        # person talking over the bot is seldom that much quieter than its voice).
+        self.prior = 0.1
         self.path: np.ndarray | None = None  # energy gain per delay, in slots
         self.floor = 0.0  # the microphone's energy with nobody talking and no echo
-        self.prior = 10 ** (-6 / 10)  # until a path is learnt: echo as loud as -6 dB is possible
         self._last = False  # the previous window was echo
         self._since_fit = 0
 
@@ -153,14 +160,11 @@ class EchoGate:
                 break
         pred, sound = x @ h, y > y.max() * 1e-3  # within 30 dB of the loudest: not the floor
         if sound.sum() >= self.min_windows:
-            err = np.abs(10 * np.log10((y[sound] + 1e-12) / (pred[sound] + 1e-12)))
-            log.debug(
-                "echo fit: %d windows, median error %.1f dB, lag %d",
-                len(y),
-                float(np.median(err)),
-                int(np.argmax(h)),
-            )
-            if float(np.median(err)) > self.max_error_db:
+            ly, lp = np.log10(y[sound] + 1e-12), np.log10(pred[sound] + 1e-12)
+            err = float(np.median(np.abs(10 * (ly - lp))))
+            follows = float(np.corrcoef(ly, lp)[0, 1]) if np.std(lp) > 0 else 0.0
+            log.debug("echo fit: %d windows, error %.1f dB, r %.2f", len(y), err, follows)
+            if err > self.max_error_db or not follows >= self.min_correlation:
                 self.path = None
                 return
         self.path = h
@@ -173,7 +177,7 @@ class EchoGate:
             self._last = False
             return False
         mic_e = float(np.mean(np.square(np.asarray(mic, np.float32))))
-        if self.path is None:  # before the first fit: an echo up to -6 dB at any delay
+        if self.path is None:  # before a path is learnt: what is 10 dB under the far end
             echo = mic_e <= self.prior * float(row.max())
         else:
             echo = mic_e <= self.margin * float(row @ self.path) + self.floor

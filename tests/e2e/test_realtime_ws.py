@@ -102,7 +102,8 @@ def test_barge_in_cancels_with_turn_detected(server: str, speech: np.ndarray) ->
             seen: list[Any] = []
             await until(conn, "response.output_audio.delta", seen)
             await asyncio.sleep(0.5)
-            await send_audio(conn, speech)  # talk over the bot, past min_interruption_ms
+            # talk over the bot, well past min_interruption_ms
+            await send_audio(conn, np.concatenate([speech, speech]))
             started = await until(conn, "input_audio_buffer.speech_started", seen)
             t_started = time.monotonic()
             done = await until(conn, "response.done", seen)

@@ -68,9 +68,11 @@ def test_the_bots_echo_does_not_interrupt_it_and_an_interruption_over_it_does(
         await room.connect({"max_output_tokens": 60})
         try:
             rid, t_first = await ask(room)
-            await asyncio.sleep(3.0)  # three seconds of the answer, its echo in the microphone
-            assert not [ev for _, ev in room.events if ev["type"] == "response.done"]
-            assert not gaps(room, t_first, time.monotonic()), "the echo paused the answer"
+            await asyncio.sleep(3.5)  # the answer plays, its echo in the microphone
+            assert not [ev for _, ev in room.events if ev["type"] == "response.done"]  # not cut
+            # Once the echo path is learnt (the first second of a session's first answer) the
+            # echo does not even pause it.
+            assert not gaps(room, t_first + 1.2, time.monotonic()), "the echo paused the answer"
             room.say(say("Wait, stop, I have a question."))
             t_say = time.monotonic()
             _, done = await room.wait("response.done", timeout(10), since=t_say)
