@@ -36,7 +36,8 @@ ahead; the runtime's credits then hold back the stages upstream.
 
 `handle` raises `ProtocolError` for an event it refuses; the transport turns it into an `error`
 event (the client events live in `client_events.py`, mixed in). Speech over an answer first
-pauses it (`turns.py`); the echo gate (`echo.py`) keeps the bot's own voice from counting. Everything here runs in one asyncio loop; no method is thread-safe.
+pauses it (`turns.py`); the echo gate (`echo.py`) keeps the bot's own voice from counting.
+Everything here runs in one asyncio loop; no method is thread-safe.
 """
 
 from __future__ import annotations
