@@ -273,9 +273,10 @@ class Session(ClientEvents):
             if not self._turns.paused:
                 await self._vad_wake.wait()
             elif not await _wait(self._vad_wake, self._turns.params.resume_after_ms / 1000):
-                # Paused over speech, and the client sends no more audio: as much silence.
-                for _ in range(int(self._turns.params.resume_after_ms / 32) + 1):
-                    self._on_window(0.0)
+                # Paused over speech, and the client sends no more audio: the policy hears that
+                # much silence (the VAD does not: its clock is the audio's).
+                while self._turns.paused:
+                    self._apply(self._turns.feed(0.0, None, self._bot_speaking()))
                 continue
             self._vad_wake.clear()
             chunks, self._vad_pending = self._vad_pending, []
@@ -319,8 +320,20 @@ class Session(ClientEvents):
                 audio_start_ms=ev.audio_start_ms,
                 item_id=self._turn_item_id,
             )
-        speaking = td.interrupt_response and self._response is not None
-        for d in self._turns.feed(prob, ev, speaking) if speaking or self._turns.paused else ():
+        speaking = self._bot_speaking()
+        if (speaking or self._turns.paused) and self._apply(self._turns.feed(prob, ev, speaking)):
+            return  # a discarded blip: its stop, if the VAD saw one, is no turn
+        if isinstance(ev, SpeechStopped):
+            self._on_speech_stopped(ev)
+
+    def _bot_speaking(self) -> bool:
+        """An answer is active that speech may interrupt."""
+        td = self.settings.turn_detection
+        return td is not None and td.interrupt_response and self._response is not None
+
+    def _apply(self, decisions: list[Decision]) -> bool:
+        """Carry out the turn policy's decisions; True when the speech was discarded."""
+        for d in decisions:
             log.debug(
                 "session %s: speech over the answer: %s (echo path %s, lag %s windows)",
                 self.id, d.value, "learnt" if self._gate.path is not None else "unknown",
@@ -337,12 +350,11 @@ class Session(ClientEvents):
             elif d is Decision.BARGE_IN:
                 self._barge_in()
             elif d is Decision.DISCARD:
-                self._discard_speech(ev)
-                return
-        if isinstance(ev, SpeechStopped):
-            self._on_speech_stopped(ev)
+                self._discard_speech()
+                return True
+        return False
 
-    def _discard_speech(self, ev: Any) -> None:
+    def _discard_speech(self) -> None:
         """Speech over the bot that was no interruption: no turn; the VAD starts afresh."""
         item_id = self._turn_item_id or new_id("item")
         end_ms = round(self._vad.elapsed_ms)

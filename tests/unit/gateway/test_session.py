@@ -250,6 +250,36 @@ def test_a_short_sound_over_the_bot_pauses_it_and_the_answer_resumes_where_it_wa
     run(body())
 
 
+def test_a_pause_the_client_stops_feeding_resumes_and_keeps_the_timeline() -> None:
+    """Speech over the bot, then no more audio at all: the answer resumes after
+    resume_after_ms, and the next turn is cut from the input where its speech really is."""
+
+    async def body() -> None:
+        coord = FakeCoord(chunks=400, gap_s=0.01)
+        s = Session(coord)
+        await s.start()
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        speak(s, 3)
+        silence(s, 8)  # 256 ms of quiet, then the client sends nothing more
+        assert s.read_output(480).pcm.max() == 0.0  # paused
+        await asyncio.sleep(0.8)  # nothing arrives: the policy hears silence
+        assert s.read_output(480).pcm.min() == 1.0  # resumed
+        s.pending_events()
+        silence(s, 10)
+        speak(s, 25)  # 800 ms over the answer: an interruption, and the next user turn
+        silence(s, 20)
+        user = [i for i in s.conversation.items if i.role == "user"]
+        assert len(user) == 1
+        audio = user[0].parts[0].audio
+        assert audio is not None and int(np.count_nonzero(audio)) == 25 * 512  # all its speech
+        lead = int(np.argmax(audio != 0))  # the turn begins its prefix padding before it
+        assert 268 * 16 <= lead <= 300 * 16, lead / 16
+        await s.close()
+
+    run(body())
+
+
 def test_min_interruption_zero_barges_in_on_the_first_window() -> None:
     async def body() -> None:
         coord = FakeCoord(chunks=40)
