@@ -132,18 +132,13 @@ class EchoGate:
             return
         start = max(t, self._far_clock)
         self._far_clock = start + len(x) / 16000
-        first = int(start / self.SLOT_S)
-        per = self.SLOT_S * 16000
-        offset = round((start - first * self.SLOT_S) * 16000)
-        sq = np.square(x.astype(np.float64))
-        at = 0
-        slot = first
-        while at < len(sq):
-            take = int(per) - offset if at == 0 else int(per)
-            take = max(1, min(take, len(sq) - at))
-            self._slots[slot] = self._slots.get(slot, 0.0) + float(sq[at : at + take].sum())
-            at += take
-            slot += 1
+        # each sample's slot, by when it plays; the squares summed per slot
+        slots = ((start + np.arange(len(x)) / 16000) / self.SLOT_S).astype(np.int64)
+        keys, at = np.unique(slots, return_index=True)
+        sums = np.add.reduceat(np.square(x.astype(np.float64)), at)
+        for slot, energy in zip(keys.tolist(), sums.tolist(), strict=True):
+            self._slots[slot] = self._slots.get(slot, 0.0) + energy
+        first = int(keys[0])
         for old in [k for k in self._slots if k < first - 4 * self.taps]:
             del self._slots[old]
 
