@@ -441,11 +441,12 @@ class PhoneCall:
         while True:
             audio_wait = asyncio.ensure_future(s.audio_written.wait())
             wake_wait = asyncio.ensure_future(self._wake.wait())
-            await asyncio.wait(
-                {audio_wait, wake_wait}, timeout=TICK_S, return_when="FIRST_COMPLETED"
-            )
-            audio_wait.cancel()
-            wake_wait.cancel()
+            try:
+                waits = {audio_wait, wake_wait}
+                await asyncio.wait(waits, timeout=TICK_S, return_when="FIRST_COMPLETED")
+            finally:  # also when the call's end cancels this loop mid-wait
+                audio_wait.cancel()
+                wake_wait.cancel()
             s.audio_written.clear()
             self._wake.clear()
             if self._clear:
