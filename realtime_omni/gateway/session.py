@@ -307,7 +307,7 @@ class Session(ClientEvents):
     def _on_window(self, prob: float, window: np.ndarray | None = None, t: float = 0.0) -> None:
         """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks."""
         td = self.settings.turn_detection
-        if window is not None and self._gate.window(window, t) and td and td.turns.echo_gate:
+        if window is not None and self._gating() and self._gate.window(window, t):
             prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
         ev = self._vad.feed(prob)
         if td is None:
@@ -325,6 +325,11 @@ class Session(ClientEvents):
             return  # a discarded blip: its stop, if the VAD saw one, is no turn
         if isinstance(ev, SpeechStopped):
             self._on_speech_stopped(ev)
+
+    def _gating(self) -> bool:
+        """The echo gate is on (server VAD with `echo_gate`)."""
+        td = self.settings.turn_detection
+        return td is not None and td.turns.echo_gate
 
     def _bot_speaking(self) -> bool:
         """An answer is active that speech may interrupt."""
@@ -408,11 +413,13 @@ class Session(ClientEvents):
     def read_output(self, n: int, pad: bool = True) -> Read:
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
-        if len(r.pcm):  # the far end: what the microphone may hear again
+        if len(r.pcm) and (self._gating() or self._aec is not None):
+            # the far end: what the microphone may hear again, at the microphone's rate
             if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
                 self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
             far = self._far_resampler.process(r.pcm)
-            self._gate.far(far, time.monotonic())
+            if self._gating():
+                self._gate.far(far, time.monotonic())
             if self._aec is not None:
                 self._aec.far(far)
         now = time.monotonic()
