@@ -154,15 +154,18 @@ class EchoGate:
             if keep.sum() < self.min_windows:
                 break
         pred, sound = x @ h, y > y.max() * 1e-3  # within 30 dB of the loudest: not the floor
-        if sound.sum() >= self.min_windows:
-            ly, lp = np.log10(y[sound] + 1e-12), np.log10(pred[sound] + 1e-12)
-            err = float(np.median(np.abs(10 * (ly - lp))))
-            follows = float(np.corrcoef(ly, lp)[0, 1]) if np.std(lp) > 0 else 0.0
-            log.debug("echo fit: %d windows, error %.1f dB, r %.2f", len(y), err, follows)
-            if err > self.max_error_db or not follows >= self.min_correlation:
-                self.path = None
-                return
-        self.path = h
+        if sound.sum() < self.min_windows:
+            # Too little sound to check a path on, and a few windows may be the person. A
+            # microphone mostly silent while the bot spoke says that no echo comes back.
+            if len(y) - sound.sum() >= self.min_windows:
+                self.path = np.zeros_like(h)
+            return
+        ly, lp = np.log10(y[sound] + 1e-12), np.log10(pred[sound] + 1e-12)
+        err = float(np.median(np.abs(10 * (ly - lp))))
+        follows = float(np.corrcoef(ly, lp)[0, 1]) if np.std(lp) > 0 else 0.0
+        log.debug("echo fit: %d windows, error %.1f dB, r %.2f", len(y), err, follows)
+        verified = err <= self.max_error_db and follows >= self.min_correlation
+        self.path = h if verified else None
 
     def window(self, mic: np.ndarray, t: float) -> bool:
         now = int((t - self.SLOT_S / 2) / self.SLOT_S)  # the slot of the window's middle

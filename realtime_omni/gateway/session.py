@@ -587,9 +587,9 @@ class Session(ClientEvents):
         if self._response is not resp:
             return
         self._response = None
-        if self._turns.paused:  # speech over it goes on as an ordinary turn
-            self._turns.reset()
-        self.playout.paused = False
+        # Speech that began over the answer is still judged when the answer ends: a blip (the
+        # answer's own echo, a cough) is dropped, not taken for a turn; a paused tail stays
+        # paused until then (the policy resumes or flushes it).
         item = resp.item
         self._item_response.pop(item.id, None)
         item.status = "completed" if status == "completed" else "incomplete"

@@ -250,6 +250,35 @@ def test_a_short_sound_over_the_bot_pauses_it_and_the_answer_resumes_where_it_wa
     run(body())
 
 
+@pytest.mark.parametrize("then_speaks_ms", [0, 800])
+def test_speech_over_an_answer_that_ends_is_still_judged(then_speaks_ms: int) -> None:
+    """The answer is cancelled while a sound over it is being judged (its last echo, as the
+    client cancels): a blip is dropped, not made a turn that starts a spurious answer; speech
+    that goes on is the next turn."""
+
+    async def body() -> None:
+        coord = FakeCoord(chunks=400, gap_s=0.01)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        speak(s, 4)  # paused over it
+        await s.handle({"type": "response.cancel"})
+        assert s.active_response is None
+        s.pending_events()
+        speak(s, then_speaks_ms // 32)
+        silence(s, 20)
+        kinds = types(s)
+        users = [i for i in s.conversation.items if i.role == "user"]
+        if then_speaks_ms:
+            assert "input_audio_buffer.committed" in kinds and len(users) == 1
+        else:
+            assert "input_audio_buffer.cleared" in kinds
+            assert "input_audio_buffer.committed" not in kinds and users == []
+        await s.close()
+
+    run(body())
+
+
 def test_a_pause_the_client_stops_feeding_resumes_and_keeps_the_timeline() -> None:
     """Speech over the bot, then no more audio at all: the answer resumes after
     resume_after_ms, and the next turn is cut from the input where its speech really is."""
