@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         help="answer SIP calls on this UDP port (the config's `sip:` section says the rest; "
         "0: any free port)",
     )
+    serve.add_argument(
+        "--event-log",
+        help="append every server event sent to this file, one JSON line each, audio left out "
+        "(for debugging a client)",
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
     run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
@@ -114,6 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
         ice_host_addresses=args.ice_host_address,
         phone=phone,
         sip=sip.model_copy(update={"port": args.sip_port}) if args.sip_port is not None else None,
+        event_log=args.event_log,
     )
     asyncio.run(serve(cfg, args.host, args.port, gw))
     return 0

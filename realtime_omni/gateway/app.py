@@ -30,6 +30,7 @@ from starlette.staticfiles import StaticFiles
 
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.config import GatewayConfig
+from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.protocol import Settings
 from realtime_omni.gateway.session import Session, VadModel
@@ -65,6 +66,7 @@ class Gateway:
         self.metrics: dict[str, deque[float]] = {}  # of closed sessions, as Session.metrics
         self.vad_factory: Callable[[], VadModel] | None = None  # set by start()
         self.exporter = Exporter()  # /metrics
+        self.event_log = EventLog.open(self.config.event_log)  # serve --event-log
 
     async def start(self) -> None:
         if self.coord is None:
@@ -82,6 +84,8 @@ class Gateway:
             await s.close()
         if self.coord is not None:
             await self.coord.close()
+        if self.event_log is not None:
+            self.event_log.close()
 
     def forget(self, session: Session) -> None:
         """A session ended: keep its measurements."""

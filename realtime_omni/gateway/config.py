@@ -156,6 +156,8 @@ class GatewayConfig:
     ice_host_addresses: list[str] | None = None
     phone: PhoneConfig = field(default_factory=PhoneConfig)  # the config file's `phone:`
     sip: SipConfig | None = None  # the config file's `sip:` with --sip-port; None: no SIP
+    # Every server event sent, one JSON line each, audio left out (`event_log.py`); None: off.
+    event_log: str | None = None
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -65,11 +65,11 @@ class Item:
         self.marks = [(ms, t) for ms, t in self.marks if ms < audio_end_ms]
         self.audio_ms = audio_end_ms
 
-    def to_openai(self, beta: bool = False) -> dict[str, Any]:
+    def to_openai(self) -> dict[str, Any]:
+        """GA's shape (`protocol.for_beta` makes beta's of it)."""
         content: list[dict[str, Any]] = []
         if self.role == "assistant":
-            kind = "audio" if beta else "output_audio"
-            content.append({"type": kind, "transcript": self.transcript})
+            content.append({"type": "output_audio", "transcript": self.transcript})
         for p in self.parts:
             if p.kind == "text":
                 content.append({"type": "input_text", "text": p.text})

@@ -135,10 +135,9 @@ class Settings:
         td = self.turn_detection.to_openai() if self.turn_detection else None
         max_tokens: Any = self.max_output_tokens if self.max_output_tokens is not None else "inf"
         if beta:
-            return {
+            return {  # no `model`: beta's type allows only OpenAI's names, or none
                 "id": session_id,
                 "object": "realtime.session",
-                "model": self.model,
                 "modalities": ["audio", "text"],
                 "instructions": self.instructions,
                 "voice": self.voice,
@@ -343,10 +342,29 @@ def for_beta(event: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if kind in BETA_NAMES:
         event = dict(event, type=BETA_NAMES[kind])
-    part = event.get("part")
-    if isinstance(part, dict) and part.get("type") == "output_audio":
-        event = dict(event, part=dict(part, type="audio"))
+    if isinstance(event.get("item"), dict):
+        event = dict(event, item=_beta_item(event["item"]))
+    resp = event.get("response")
+    if isinstance(resp, dict) and isinstance(resp.get("output"), list):
+        event = dict(event, response=dict(resp, output=[_beta_item(i) for i in resp["output"]]))
     return event
+
+
+_BETA_CONTENT = {"output_audio": "audio", "output_text": "text"}
+
+
+def _beta_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An item's content in beta's types: `audio`/`text` for the assistant's; images, which
+    beta has no type for, left out."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return item
+    out = [
+        dict(c, type=_BETA_CONTENT.get(c.get("type"), c.get("type")))
+        for c in content
+        if c.get("type") != "input_image"
+    ]
+    return dict(item, content=out)
 
 
 MAX_IMAGE_SIDE = 1280  # larger images are scaled down before they join the conversation

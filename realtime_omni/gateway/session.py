@@ -500,7 +500,7 @@ class Session(ClientEvents):
             item_id=item.id,
             output_index=0,
             content_index=0,
-            part={"type": "output_audio", "transcript": ""},
+            part={"type": "audio", "transcript": ""},
         )
         resp.task = asyncio.create_task(self._run(resp))
         return resp
@@ -596,7 +596,7 @@ class Session(ClientEvents):
         ids = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
         self._emit("response.output_audio.done", **ids)
         self._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
-        part = {"type": "output_audio", "transcript": item.transcript}
+        part = {"type": "audio", "transcript": item.transcript}
         self._emit("response.content_part.done", **ids, part=part)
         self._emit(
             "response.output_item.done", response_id=resp.id, output_index=0, item=item.to_openai()

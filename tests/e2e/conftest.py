@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ import pytest
 from realtime_omni.clients.webrtc import espeak
 from realtime_omni.gateway.audio import resample
 from tests.conftest import ROOT, timeout
+from tests.e2e.shapes import check_log
 
 MAX_SESSIONS = 3
 
@@ -37,6 +41,7 @@ def serving(
     `startup` gets the lines the server printed up to its ready line."""
     port = _free_port()
     config = config or ROOT / "configs" / "simulated-qwen3-omni.yaml"
+    events = Path(tempfile.mkdtemp(prefix="rto-events-")) / "events.jsonl"
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -47,6 +52,8 @@ def serving(
             str(port),
             "--config",
             str(config),
+            "--event-log",
+            str(events),
             *args,
         ],
         stdout=subprocess.PIPE,
@@ -70,6 +77,10 @@ def serving(
         proc.wait(timeout=timeout(15))  # uvicorn re-raises SIGTERM after a clean shutdown
     left = [p for p in os.listdir("/dev/shm") if p.startswith(f"rto_{proc.pid}_")]
     assert left == [], f"shared memory left behind: {left}"
+    # Every event the clients got, as the openai SDK's types (GA and beta) would parse it.
+    bad = check_log(events)
+    shutil.rmtree(events.parent, ignore_errors=True)
+    assert bad == {}, "server events the openai SDK's types refuse:\n" + json.dumps(bad, indent=1)
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,8 @@ class RealtimeConnection:
                 return
             event = converted
         event = {"event_id": event_id(), **event}
+        if self.gw.event_log is not None:
+            self.gw.event_log.write(self.session.id, "websocket", self.beta, event)
         await asyncio.wait_for(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
 
     async def receive_loop(self) -> None:

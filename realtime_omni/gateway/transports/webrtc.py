@@ -192,7 +192,10 @@ class WebRtcCall:
                 log.warning("call %s: no open data channel; dropping old events", self.id)
             self._backlog.append(event)
             return
-        ch.send(json.dumps({"event_id": event_id(), **event}))
+        event = {"event_id": event_id(), **event}
+        if self.calls.gw.event_log is not None:
+            self.calls.gw.event_log.write(self.id, "webrtc", False, event)
+        ch.send(json.dumps(event))
         if ch.bufferedAmount > MAX_BUFFERED_BYTES:
             self.end(f"the client left {ch.bufferedAmount} bytes of events unread")
 

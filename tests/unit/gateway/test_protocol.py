@@ -63,8 +63,12 @@ def test_bad_updates_are_refused_with_the_param(bad: object) -> None:
 def test_beta_names() -> None:
     assert for_beta({"type": "response.output_audio.delta"})["type"] == "response.audio.delta"
     assert for_beta({"type": "conversation.item.done"}) is None
-    ev = for_beta({"type": "response.content_part.added", "part": {"type": "output_audio"}})
-    assert ev is not None and ev["part"]["type"] == "audio"
+    item = {"type": "message", "content": [{"type": "output_audio"}, {"type": "input_image"}]}
+    ev = for_beta({"type": "conversation.item.added", "item": item})
+    assert ev is not None and ev["type"] == "conversation.item.created"
+    assert ev["item"]["content"] == [{"type": "audio"}]  # beta has no type for an image
+    ev = for_beta({"type": "response.done", "response": {"output": [item]}})
+    assert ev is not None and ev["response"]["output"][0]["content"] == [{"type": "audio"}]
     assert error_event("m", "c")["error"]["code"] == "c"
 
 
