@@ -48,7 +48,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,6 +63,7 @@ from realtime_omni.gateway.protocol import (
     ProtocolError,
     Settings,
 )
+from realtime_omni.gateway.responses import Responses, _Response
 from realtime_omni.gateway.turns import Decision, TurnPolicy
 from realtime_omni.gateway.vad import (
     SAMPLE_RATE_HZ,
@@ -72,11 +72,10 @@ from realtime_omni.gateway.vad import (
     SpeechStopped,
     Windower,
 )
-from realtime_omni.logs import REQUEST, SESSION
+from realtime_omni.logs import SESSION
 
 log = logging.getLogger(__name__)
 
-MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
 _METRIC_LEN = 1000  # samples kept per metric
 VAD_WINDOWS_PER_PASS = 32  # 1 s of 32 ms windows judged per model pass
 
@@ -96,21 +95,7 @@ class Pipeline(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
 
-@dataclass
-class _Response:
-    id: str
-    item: Item
-    payload: dict[str, Any]
-    turn_end: float  # monotonic time the turn ended (speech stop, commit or response.create)
-    task: asyncio.Task[None] | None = None
-    resampler: Resampler | None = None
-    first_audio: float | None = None
-    ending: bool = False  # finishing or cancelling: nothing may start either again
-    muted: bool = False  # barged in or cancelled: audio still arriving is dropped, not queued
-    overrides: dict[str, Any] = field(default_factory=dict)
-
-
-class Session(ClientEvents):
+class Session(ClientEvents, Responses):
     def __init__(
         self,
         coord: Pipeline,
@@ -441,202 +426,6 @@ class Session(ClientEvents):
         self.playout.clear(item_id)
         if self.on_flush is not None:
             self.on_flush()
-
-    # ---- responses ---------------------------------------------------------------------
-
-    def _truncate(self, truncation: str | float) -> None:
-        """Make the conversation fit one turn's payload by its stated rule, telling the client
-        of every item it deletes; with truncation disabled, refuse the response instead."""
-        if self.max_payload_bytes is None:
-            return
-        room = self.max_payload_bytes - (self._video.nbytes if self._video is not None else 0)
-        if truncation == "disabled":
-            if self.conversation.array_bytes() > room:
-                raise ProtocolError(
-                    f"the conversation's audio and images ({self.conversation.array_bytes()} "
-                    f"bytes) exceed what one turn carries ({room} bytes) and truncation is "
-                    "disabled. Fix: delete old items, or set truncation to 'auto'",
-                    code="context_length_exceeded",
-                    param="session.truncation",
-                )
-            return
-        ratio = 1.0 if truncation == "auto" else float(truncation)
-        self.conversation.fit(room, ratio)
-        self._announce_dropped()
-
-    def _start_response(self, overrides: dict[str, Any], turn_end: float) -> _Response:
-        if self._response is not None:
-            raise ProtocolError(
-                f"the conversation already has an active response ({self._response.id})",
-                code="conversation_already_has_active_response",
-            )
-        s = self.settings
-        self._truncate(s.truncation)
-        want = self._fixed_rate or s.output_format.rate_hz
-        if want != self.playout.rate_hz and self.playout.queued == 0:
-            self.playout = Playout(want)
-        payload = self.conversation.payload(
-            overrides.get("instructions", s.instructions),
-            self.max_payload_bytes,
-            self._video,
-            temperature=overrides.get("temperature", s.temperature),
-            max_tokens=overrides.get("max_output_tokens", s.max_output_tokens),
-            speaker=overrides.get("voice", s.voice),
-            session_id=self.id,  # the stages may keep this conversation's state between turns
-        )
-        item = Item(new_id("item"), "assistant", status="in_progress")
-        resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
-        self._response = resp
-        self._item_response[item.id] = resp.id
-        self._emit("response.created", response=self._response_obj(resp, "in_progress"))
-        prev = self._add(item)
-        self._emit(
-            "response.output_item.added", response_id=resp.id, output_index=0, item=item.to_openai()
-        )
-        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
-        self._emit(
-            "response.content_part.added",
-            response_id=resp.id,
-            item_id=item.id,
-            output_index=0,
-            content_index=0,
-            part={"type": "audio", "transcript": ""},
-        )
-        resp.task = asyncio.create_task(self._run(resp))
-        return resp
-
-    def _response_obj(self, resp: _Response, status: str, details: Any = None) -> dict[str, Any]:
-        return {
-            "id": resp.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "output": [] if status == "in_progress" else [resp.item.to_openai()],
-            "usage": None,
-        }
-
-    async def _run(self, resp: _Response) -> None:
-        SESSION.set(self.id)
-        REQUEST.set(resp.id)  # the pipeline request id: log lines of the response carry it
-        try:
-            stream = await self.coord.submit(resp.payload, resp.id)
-            resp.payload = {}  # the arrays are in the pipeline now
-            try:
-                it = stream.__aiter__()
-                while True:
-                    await self._hold_lead()
-                    try:
-                        out = await it.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    self._on_output(resp, out.data)
-            finally:
-                # Cancelled (barge-in, cancel, hang-up) or failed: outputs the lead limit left
-                # unread hold their credits, even once the request ended in every stage.
-                stream.close()
-            if resp.resampler is not None:
-                self._write_audio(resp, resp.resampler.flush(), None)
-            while self.playout.queued_of(resp.item.id) > 0:  # done once it has been heard
-                await asyncio.sleep(0.01)
-        except OmniError as e:
-            log.warning("response %s failed: %s", resp.id, e)
-            self._flush(resp.item.id)
-            self._finish(resp, "failed", {"type": "failed", "error": {"message": str(e)}})
-            return
-        except Exception as e:  # a bug: the response fails, and the session takes the next one
-            log.exception("response %s failed", resp.id)
-            self._flush(resp.item.id)
-            error = {"type": "server_error", "message": f"internal error: {e}"}
-            self._finish(resp, "failed", {"type": "failed", "error": error})
-            return
-        self._finish(resp, "completed", None)
-
-    async def _hold_lead(self) -> None:
-        """Wait while the playout queue is `max_lead_ms` ahead of what has been played."""
-        while (over := self.playout.queued_ms - self.max_lead_ms) > 0:
-            await asyncio.sleep(min(0.1, max(0.005, over / 1000)))
-
-    def _on_output(self, resp: _Response, data: dict[str, Any]) -> None:
-        token_time = data.get("token_time")
-        if "pcm" in data:
-            if resp.resampler is None:
-                src = int(data.get("sample_rate_hz", MODEL_RATE_HZ))
-                resp.resampler = Resampler(src, self.playout.rate_hz)
-            pcm = np.asarray(data["pcm"], np.float32).reshape(-1)
-            self._write_audio(resp, resp.resampler.process(pcm), token_time)
-        text = data.get("text") or ""
-        if text:
-            resp.item.add_text(token_time if token_time is not None else time.monotonic(), text)
-            self._emit(
-                "response.output_audio_transcript.delta",
-                response_id=resp.id,
-                item_id=resp.item.id,
-                output_index=0,
-                content_index=0,
-                delta=text,
-            )
-
-    def _write_audio(self, resp: _Response, pcm: np.ndarray, token_time: float | None) -> None:
-        if not len(pcm) or resp.muted:
-            return
-        self.playout.write(resp.item.id, pcm, token_time)
-        self.audio_written.set()
-        resp.item.add_audio(len(pcm) * 1000 / self.playout.rate_hz, token_time)
-
-    def _finish(self, resp: _Response, status: str, details: Any) -> None:
-        if self._response is not resp:
-            return
-        self._response = None
-        # Speech that began over the answer is still judged when the answer ends: a blip (the
-        # answer's own echo, a cough) is dropped, not taken for a turn; a paused tail stays
-        # paused until then (the policy resumes or flushes it).
-        item = resp.item
-        self._item_response.pop(item.id, None)
-        item.status = "completed" if status == "completed" else "incomplete"
-        ids = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
-        self._emit("response.output_audio.done", **ids)
-        self._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
-        part = {"type": "audio", "transcript": item.transcript}
-        self._emit("response.content_part.done", **ids, part=part)
-        self._emit(
-            "response.output_item.done", response_id=resp.id, output_index=0, item=item.to_openai()
-        )
-        self._emit("conversation.item.done", item=item.to_openai())
-        self._emit("response.done", response=self._response_obj(resp, status, details))
-
-    def _barge_in(self) -> None:
-        """An interruption: silence from the next read, then cancel in the background."""
-        if self._response is not None:
-            self._response.muted = True  # outputs arriving before the cancel runs stay unheard
-        if not self.playout.paused:  # else the pause already silenced it, and was timed
-            self._barge_at = time.monotonic()
-        self.playout.paused = False
-        self._flush()
-        self._track(self.cancel_response("turn_detected"))
-
-    async def cancel_response(self, reason: str) -> bool:
-        """Stop the active response: flush its audio, abort its request in every stage (awaited),
-        keep what was played. False when there was none."""
-        resp = self._response
-        if resp is None or resp.ending:
-            return resp is not None
-        resp.ending = resp.muted = True
-        self._flush(resp.item.id)
-        if resp.task is not None:
-            resp.task.cancel()
-            await asyncio.gather(resp.task, return_exceptions=True)
-        t0 = time.monotonic()
-        try:
-            await self.coord.abort(resp.id)
-        finally:
-            self._metric("abort_ms", (time.monotonic() - t0) * 1e3)
-            played_ms = self.playout.played_ms(resp.item.id)
-            if self.heard_ms is not None:
-                played_ms = min(played_ms, self.heard_ms(resp.item.id))
-            resp.item.truncate(min(played_ms, resp.item.audio_ms))
-            self.playout.forget(resp.item.id)
-            self._finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
-        return True
 
     def _track(self, coro: Any) -> None:
         t = asyncio.ensure_future(coro)

@@ -40,7 +40,8 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler, Packet, VideoFrame
 from av.codec import CodecContext
 
-from realtime_omni.gateway.session import MODEL_RATE_HZ, Session
+from realtime_omni.gateway.responses import MODEL_RATE_HZ
+from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
 
 log = logging.getLogger(__name__)
