@@ -32,8 +32,8 @@ from realtime_omni.errors import OmniError
 from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
-from realtime_omni.gateway.protocol import Settings
 from realtime_omni.gateway.session import Session, VadModel
+from realtime_omni.gateway.settings import Settings
 from realtime_omni.gateway.transports import media_stream
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls

@@ -16,16 +16,22 @@ from collections.abc import Callable
 from typing import Any
 
 from realtime_omni.gateway.conversation import new_id
-from realtime_omni.gateway.protocol import (
-    ProtocolError,
-    apply_session_update,
-    decode_b64,
-    error_event,
-    parse_item,
-)
+from realtime_omni.gateway.echo import EchoCanceller
+from realtime_omni.gateway.protocol import ProtocolError, decode_b64, error_event, parse_item
+from realtime_omni.gateway.settings import apply_session_update
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad
 
 log = logging.getLogger(__name__)
+# What `response.create`'s `response` may set for that response alone.
+RESPONSE_FIELDS = (
+    "instructions",
+    "voice",
+    "temperature",
+    "max_output_tokens",
+    "output_modalities",
+    "tools",
+    "tool_choice",
+)
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
 
@@ -74,7 +80,13 @@ class ClientEvents:
         return None
 
     async def _session_update(self, ev: dict[str, Any]) -> None:
-        s = apply_session_update(self.settings, ev.get("session"))
+        """What parses is applied; each field refused is one `error` naming it, before the
+        `session.updated` that shows what the session now is."""
+        s, refused = apply_session_update(
+            self.settings, ev.get("session"), self.voices, EchoCanceller.available()
+        )
+        for e in refused:
+            self._emit("error", error=_error(e, ev.get("event_id"))["error"])
         changed = s.turn_detection != self.settings.turn_detection
         self.settings = s
         if changed:
@@ -177,8 +189,12 @@ class ClientEvents:
             raise ProtocolError("response must be an object", param="response")
         over: dict[str, Any] = {}
         if spec:
-            s = apply_session_update(self.settings, spec)
-            for key in ("instructions", "voice", "temperature", "max_output_tokens"):
+            # A response's own settings: refused whole if a field is, so that no response
+            # starts other than asked.
+            s, refused = apply_session_update(self.settings, spec, self.voices)
+            if refused:
+                raise refused[0]
+            for key in RESPONSE_FIELDS:
                 if getattr(s, key) != getattr(self.settings, key):
                     over[key] = getattr(s, key)
         self._start_response(over, time.monotonic())

@@ -16,6 +16,7 @@ about -60 dBFS, for 6 ms of CPU per second of audio.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections import deque
 
@@ -28,23 +29,34 @@ MAX_FAR_FRAMES = 100  # a second of far end waiting; older is dropped
 
 
 class EchoCanceller:
-    def __init__(self) -> None:
+    """WebRTC's audio processing on the microphone: echo cancellation (`echo`), and with `noise`
+    its noise suppressor too (`audio.input.noise_reduction`)."""
+
+    def __init__(self, echo: bool = True, noise: bool = False) -> None:
         from livekit import rtc
 
         self._rtc = rtc
-        self._apm = rtc.AudioProcessingModule(echo_cancellation=True, high_pass_filter=True)
+        self.echo, self.noise = echo, noise
+        self._apm = rtc.AudioProcessingModule(
+            echo_cancellation=echo, noise_suppression=noise, high_pass_filter=True
+        )
         self._far: deque[bytes] = deque(maxlen=MAX_FAR_FRAMES)
         self._far_rest = np.zeros(0, np.float32)
         self._near_rest = np.zeros(0, np.float32)
         self._silence = bytes(FRAME * 2)
 
     @classmethod
-    def create(cls) -> EchoCanceller | None:
+    def create(cls, echo: bool = True, noise: bool = False) -> EchoCanceller | None:
         try:
-            return cls()
+            return cls(echo, noise)
         except ImportError:
             log.warning("echo cancellation is off: pip install livekit (WebRTC's AEC3)")
             return None
+
+    @staticmethod
+    def available() -> bool:
+        """Whether LiveKit's bindings are installed (the `aec` extra)."""
+        return importlib.util.find_spec("livekit") is not None
 
     def far(self, pcm: np.ndarray) -> None:
         x = np.concatenate([self._far_rest, np.asarray(pcm, np.float32).reshape(-1)])

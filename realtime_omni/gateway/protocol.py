@@ -1,6 +1,6 @@
-"""The OpenAI Realtime protocol's data: session settings (GA nested and beta flat shapes), audio
-formats, conversation items from `conversation.item.create`, error events and the beta names
-of server events. No I/O.
+"""The OpenAI Realtime protocol's data: audio formats, conversation items from
+`conversation.item.create`, error events and the beta names and shapes of server events. No I/O.
+(Session settings and `session.update`: `settings.py`.)
 """
 
 from __future__ import annotations
@@ -9,16 +9,14 @@ import base64
 import binascii
 import io
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from realtime_omni.gateway import audio
 from realtime_omni.gateway.conversation import Item, Part, new_id
-from realtime_omni.gateway.turns import TurnParams
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
-from realtime_omni.gateway.vad import VadParams
 
 
 class ProtocolError(Exception):
@@ -76,210 +74,6 @@ def parse_format(value: Any, param: str) -> AudioFormat:
         '{"type": "audio/pcm" | "audio/pcmu" | "audio/pcma"}',
         param=param,
     )
-
-
-@dataclass(frozen=True)
-class TurnDetection:
-    """OpenAI's `server_vad`, plus how speech over the bot is judged (`gateway/turns.py`):
-    `min_interruption_ms` of it is an interruption (0: any speech start is), and speech over
-    the bot that falls silent for `resume_after_ms` first lets the answer resume."""
-
-    vad: VadParams = field(default_factory=VadParams)
-    create_response: bool = True
-    interrupt_response: bool = True
-    turns: TurnParams = field(default_factory=TurnParams)
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "type": "server_vad",
-            "threshold": self.vad.threshold,
-            "prefix_padding_ms": self.vad.prefix_padding_ms,
-            "silence_duration_ms": self.vad.silence_duration_ms,
-            "create_response": self.create_response,
-            "interrupt_response": self.interrupt_response,
-            "min_interruption_ms": self.turns.min_interruption_ms,
-            "resume_after_ms": self.turns.resume_after_ms,
-            "echo_gate": self.turns.echo_gate,
-        }
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What `session.update` can change."""
-
-    model: str = "qwen3-omni"
-    instructions: str = ""
-    voice: str | None = None
-    temperature: float | None = None
-    max_output_tokens: int | None = None
-    input_format: AudioFormat = PCM16
-    output_format: AudioFormat = PCM16
-    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
-    # WebRTC's echo canceller on the microphone's audio (gateway/echo.py; needs `livekit`): an
-    # extension field, `audio.input.echo_cancellation` (beta: `input_audio_echo_cancellation`).
-    # Off by default: with no echo path (a phone, a headset, a browser cancelling echo itself)
-    # it still damps the person talking over the bot by 5-18 dB for seconds, which turn-taking
-    # cannot afford; the echo gate (turn_detection.echo_gate) keeps the bot's echo from
-    # interrupting it without touching the audio.
-    echo_cancellation: bool = False
-    # "auto", "disabled", or a retention ratio in (0, 1]: what happens when the conversation's
-    # audio and images outgrow one turn's payload (`Conversation.fit`).
-    truncation: str | float = "auto"
-
-    def truncation_openai(self) -> Any:
-        if isinstance(self.truncation, str):
-            return self.truncation
-        return {"type": "retention_ratio", "retention_ratio": self.truncation}
-
-    def to_openai(self, session_id: str, beta: bool = False) -> dict[str, Any]:
-        td = self.turn_detection.to_openai() if self.turn_detection else None
-        max_tokens: Any = self.max_output_tokens if self.max_output_tokens is not None else "inf"
-        if beta:
-            return {  # no `model`: beta's type allows only OpenAI's names, or none
-                "id": session_id,
-                "object": "realtime.session",
-                "modalities": ["audio", "text"],
-                "instructions": self.instructions,
-                "voice": self.voice,
-                "input_audio_format": self.input_format.name,
-                "input_audio_echo_cancellation": self.echo_cancellation,
-                "output_audio_format": self.output_format.name,
-                "turn_detection": td,
-                "temperature": self.temperature,
-                "max_response_output_tokens": max_tokens,
-            }
-        return {
-            "type": "realtime",
-            "id": session_id,
-            "object": "realtime.session",
-            "model": self.model,
-            "output_modalities": ["audio"],
-            "instructions": self.instructions,
-            "audio": {
-                "input": {
-                    "format": self.input_format.ga(),
-                    "turn_detection": td,
-                    "echo_cancellation": self.echo_cancellation,
-                },
-                "output": {"format": self.output_format.ga(), "voice": self.voice},
-            },
-            "max_output_tokens": max_tokens,
-            "truncation": self.truncation_openai(),
-        }
-
-
-def parse_truncation(v: Any) -> str | float:
-    """GA `truncation`: "auto", "disabled" or `{type: retention_ratio, retention_ratio}`."""
-    if v in ("auto", "disabled"):
-        return str(v)
-    if isinstance(v, dict) and v.get("type") == "retention_ratio":
-        return _number(v.get("retention_ratio"), "truncation.retention_ratio", 0.01, 1.0)
-    raise ProtocolError(
-        f"truncation = {v!r}: use 'auto', 'disabled' or "
-        "{'type': 'retention_ratio', 'retention_ratio': 0.8}",
-        param="session.truncation",
-    )
-
-
-def _number(v: Any, param: str, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-        raise ProtocolError(f"{param} = {v!r}: must be a number in [{lo}, {hi}]", param=param)
-    return float(v)
-
-
-def _flag(obj: dict[str, Any], key: str, where: str = "") -> bool:
-    if not isinstance(obj[key], bool):
-        raise ProtocolError(f"{where}{key} must be true or false", param=f"{where}{key}")
-    return bool(obj[key])
-
-
-def parse_turn_detection(v: Any, current: TurnDetection | None) -> TurnDetection | None:
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise ProtocolError("turn_detection must be an object or null", param="turn_detection")
-    kind = v.get("type", "server_vad")
-    if kind != "server_vad":
-        raise ProtocolError(
-            f"turn_detection.type = {kind!r}: only server_vad (or null) is supported",
-            code="unsupported_value",
-            param="turn_detection.type",
-        )
-    td = current or TurnDetection()
-    vad = td.vad
-    if "threshold" in v:
-        vad = replace(vad, threshold=_number(v["threshold"], "turn_detection.threshold", 0, 1))
-    for key in ("prefix_padding_ms", "silence_duration_ms"):
-        if key in v:
-            vad = replace(vad, **{key: int(_number(v[key], f"turn_detection.{key}", 0, 10000))})
-    turns = td.turns
-    for key in ("min_interruption_ms", "resume_after_ms"):
-        if key in v:
-            turns = replace(turns, **{key: int(_number(v[key], f"turn_detection.{key}", 0, 10000))})
-    if "echo_gate" in v:
-        turns = replace(turns, echo_gate=_flag(v, "echo_gate", "turn_detection."))
-    return TurnDetection(
-        vad,
-        bool(v.get("create_response", td.create_response)),
-        bool(v.get("interrupt_response", td.interrupt_response)),
-        turns,
-    )
-
-
-def apply_session_update(s: Settings, session: Any) -> Settings:
-    """`session.update`'s `session` object (GA nested or beta flat) applied to `s`."""
-    if not isinstance(session, dict):
-        raise ProtocolError("session must be an object", param="session")
-    changes: dict[str, Any] = {}
-    if "instructions" in session:
-        if not isinstance(session["instructions"], str):
-            raise ProtocolError("instructions must be a string", param="session.instructions")
-        changes["instructions"] = session["instructions"]
-    if "temperature" in session:
-        changes["temperature"] = _number(session["temperature"], "session.temperature", 0, 2)
-    for key in ("max_output_tokens", "max_response_output_tokens"):
-        if key in session:
-            v = session[key]
-            changes["max_output_tokens"] = (
-                None if v == "inf" else int(_number(v, f"session.{key}", 1, 1 << 20))
-            )
-    if "voice" in session:
-        changes["voice"] = session["voice"]
-    if "input_audio_format" in session:
-        changes["input_format"] = parse_format(session["input_audio_format"], "input_audio_format")
-    if "output_audio_format" in session:
-        changes["output_format"] = parse_format(
-            session["output_audio_format"], "output_audio_format"
-        )
-    if "truncation" in session:
-        changes["truncation"] = parse_truncation(session["truncation"])
-    td = s.turn_detection
-    if "input_audio_echo_cancellation" in session:
-        changes["echo_cancellation"] = _flag(session, "input_audio_echo_cancellation")
-    if "turn_detection" in session:
-        changes["turn_detection"] = parse_turn_detection(session["turn_detection"], td)
-    a = session.get("audio")
-    if a is not None:
-        if not isinstance(a, dict):
-            raise ProtocolError("session.audio must be an object", param="session.audio")
-        inp, out = a.get("input") or {}, a.get("output") or {}
-        if "format" in inp:
-            changes["input_format"] = parse_format(inp["format"], "audio.input.format")
-        if "turn_detection" in inp:
-            changes["turn_detection"] = parse_turn_detection(inp["turn_detection"], td)
-        if "echo_cancellation" in inp:
-            changes["echo_cancellation"] = _flag(inp, "echo_cancellation", "audio.input.")
-        if "format" in out:
-            changes["output_format"] = parse_format(out["format"], "audio.output.format")
-        if "voice" in out:
-            changes["voice"] = out["voice"]
-    if (
-        "voice" in changes
-        and changes["voice"] is not None
-        and not isinstance(changes["voice"], str)
-    ):
-        raise ProtocolError("voice must be a string", param="voice")
-    return replace(s, **changes)
 
 
 def decode_b64(data: Any, param: str) -> bytes:

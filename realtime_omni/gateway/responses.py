@@ -80,7 +80,9 @@ class Responses:
             self._video,
             temperature=overrides.get("temperature", s.temperature),
             max_tokens=overrides.get("max_output_tokens", s.max_output_tokens),
-            speaker=overrides.get("voice", s.voice),
+            speaker=self.voices.speaker(voice)
+            if (voice := overrides.get("voice", s.voice))
+            else None,
             session_id=self.id,  # the stages may keep this conversation's state between turns
         )
         item = Item(new_id("item"), "assistant", status="in_progress")

@@ -59,11 +59,9 @@ from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Pa
 from realtime_omni.gateway.echo import EchoCanceller, EchoGate
 from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
-from realtime_omni.gateway.protocol import (
-    ProtocolError,
-    Settings,
-)
+from realtime_omni.gateway.protocol import ProtocolError
 from realtime_omni.gateway.responses import Responses, _Response
+from realtime_omni.gateway.settings import Settings, Voices
 from realtime_omni.gateway.turns import Decision, TurnPolicy
 from realtime_omni.gateway.vad import (
     SAMPLE_RATE_HZ,
@@ -108,8 +106,10 @@ class Session(ClientEvents, Responses):
         max_session_bytes: int = MAX_BYTES,
         on_metric: Callable[[str, float], None] | None = None,
         transport: str = "websocket",
+        voices: Voices | None = None,
     ) -> None:
         self.coord = coord
+        self.voices = voices or Voices()  # the voice names session.update takes
         self.transport = transport  # where the call came in: websocket, webrtc, twilio, sip...
         # What the person has heard of an item, in ms, where the transport knows better than
         # what was read out (a phone provider's marks); a barge-in keeps that much.
@@ -173,10 +173,12 @@ class Session(ClientEvents, Responses):
         self._set_echo_cancellation()
 
     def _set_echo_cancellation(self) -> None:
-        if self.settings.echo_cancellation and self._aec is None:
-            self._aec = EchoCanceller.create()
-        elif not self.settings.echo_cancellation:
-            self._aec = None
+        """WebRTC's audio processing on the microphone, as the settings want it: echo
+        cancellation, noise suppression (`noise_reduction`), both or neither."""
+        echo, noise = self.settings.echo_cancellation, self.settings.noise_reduction is not None
+        have = (self._aec.echo, self._aec.noise) if self._aec is not None else (False, False)
+        if (echo, noise) != have:
+            self._aec = EchoCanceller.create(echo, noise) if echo or noise else None
 
     def _turn_params(self) -> Any:
         td = self.settings.turn_detection

@@ -1,12 +1,16 @@
 import pytest
 
-from realtime_omni.gateway.protocol import (
-    ProtocolError,
-    Settings,
-    apply_session_update,
-    error_event,
-    for_beta,
-)
+from realtime_omni.gateway.protocol import ProtocolError, error_event, for_beta
+from realtime_omni.gateway.settings import Settings, Voices
+from realtime_omni.gateway.settings import apply_session_update as apply_with_errors
+
+
+def apply_session_update(s: Settings, session: object) -> Settings:
+    """The update, or its first refusal raised."""
+    out, refused = apply_with_errors(s, session)
+    if refused:
+        raise refused[0]
+    return out
 
 
 def test_ga_session_update() -> None:
@@ -47,7 +51,9 @@ def test_beta_session_update() -> None:
     "bad",
     [
         {"input_audio_format": "mp3"},
-        {"turn_detection": {"type": "semantic_vad"}},
+        {"turn_detection": {"type": "push_to_talk"}},
+        {"voice": "ash2"},
+        {"tools": [{"type": "mcp", "server_url": "x"}]},
         {"turn_detection": {"threshold": 2}},
         {"temperature": "hot"},
         {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}},
@@ -73,8 +79,6 @@ def test_beta_names() -> None:
 
 
 def test_truncation_is_applied_and_shown_or_refused_by_name() -> None:
-    from realtime_omni.gateway.protocol import ProtocolError, Settings, apply_session_update
-
     s = apply_session_update(Settings(), {"truncation": "disabled"})
     assert s.truncation == "disabled" and s.to_openai("x")["truncation"] == "disabled"
     s = apply_session_update(s, {"truncation": {"type": "retention_ratio", "retention_ratio": 0.8}})
@@ -87,3 +91,86 @@ def test_truncation_is_applied_and_shown_or_refused_by_name() -> None:
             assert e.param and "truncation" in e.param
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_a_refused_field_never_drops_the_others() -> None:
+    s, refused = apply_with_errors(
+        Settings(),
+        {
+            "type": "realtime",
+            "instructions": "be brief",
+            "prompt": {"id": "pmpt_1"},
+            "audio": {
+                "input": {"turn_detection": {"type": "server_vad", "threshold": 7}},
+                "output": {"voice": "nobody", "speed": 1.5},
+            },
+            "max_output_tokens": 50,
+        },
+    )
+    assert s.instructions == "be brief" and s.max_output_tokens == 50
+    assert s.voice is None and s.turn_detection is not None  # the defaults stay
+    params = sorted(str(e.param) for e in refused)
+    assert params == [
+        "session.audio.input.turn_detection.threshold",
+        "session.audio.output.speed",
+        "session.audio.output.voice",
+        "session.prompt",
+    ]
+    voice = next(e for e in refused if e.param == "session.audio.output.voice")
+    assert "alloy" in str(voice) and "ethan" in str(voice)  # it names the voices there are
+
+
+def test_semantic_vad_maps_onto_server_vad_by_eagerness() -> None:
+    got = {}
+    for eagerness in ("low", "medium", "high", "auto"):
+        td = {"type": "semantic_vad", "eagerness": eagerness, "interrupt_response": True}
+        s = apply_session_update(Settings(), {"audio": {"input": {"turn_detection": td}}})
+        assert s.turn_detection is not None
+        got[eagerness] = s.turn_detection.vad.silence_duration_ms
+        shown = s.to_openai("x")["audio"]["input"]["turn_detection"]
+        assert shown["type"] == "semantic_vad" and shown["eagerness"] == eagerness
+    assert got["low"] > got["medium"] == got["auto"] > got["high"]
+    s = apply_session_update(s, {"turn_detection": {"type": "server_vad"}})
+    assert s.turn_detection is not None and s.turn_detection.eagerness is None
+
+
+def test_voices_map_openai_names_onto_the_checkpoints_speakers() -> None:
+    voices = Voices({"alloy": "chelsie", "ash": "ethan"})
+    assert voices.speaker("Alloy") == "chelsie" and voices.speaker("ethan") == "ethan"
+    assert voices.names() == ["alloy", "ash", "chelsie", "ethan"]
+    s, refused = apply_with_errors(Settings(), {"voice": "ash"}, voices)
+    assert s.voice == "ash" and refused == []
+    _, refused = apply_with_errors(Settings(), {"voice": "verse"}, voices)
+    assert [e.param for e in refused] == ["session.voice"]
+
+
+def test_tools_tool_choice_modalities_transcription() -> None:
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    s = apply_session_update(
+        Settings(),
+        {
+            "tools": [tool],
+            "tool_choice": "required",
+            "output_modalities": ["text"],
+            "audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}},
+            "tracing": "auto",
+        },
+    )
+    assert [t.name for t in s.tools] == ["get_weather"] and s.tool_choice == "required"
+    assert s.text_only and s.transcription is not None and s.transcription.language == "en"
+    out = s.to_openai("x")
+    assert out["tools"] == [tool] and out["output_modalities"] == ["text"]
+    assert out["audio"]["input"]["transcription"]["model"] == "whisper-1"
+    _, refused = apply_with_errors(
+        Settings(), {"audio": {"input": {"noise_reduction": {"type": "near_field"}}}}, None, False
+    )
+    assert [e.code for e in refused] == ["unsupported_value"]  # no suppressor installed
+    s, refused = apply_with_errors(
+        Settings(), {"audio": {"input": {"noise_reduction": {"type": "far_field"}}}}, None, True
+    )
+    assert refused == [] and s.noise_reduction == "far_field"
