@@ -107,7 +107,8 @@ def _serve(args: argparse.Namespace) -> int:
     from realtime_omni.gateway.app import serve
     from realtime_omni.gateway.config import GatewayConfig, load_server_config
 
-    cfg, phone, sip = load_server_config(args.config)
+    server = load_server_config(args.config)
+    sip = server.sip
     try:
         ice_servers = json.loads(args.ice_servers)
     except json.JSONDecodeError as e:
@@ -117,11 +118,12 @@ def _serve(args: argparse.Namespace) -> int:
         max_lead_ms=args.max_lead_ms,
         ice_servers=ice_servers if isinstance(ice_servers, list) else [ice_servers],
         ice_host_addresses=args.ice_host_address,
-        phone=phone,
+        phone=server.phone,
+        realtime=server.realtime,
         sip=sip.model_copy(update={"port": args.sip_port}) if args.sip_port is not None else None,
         event_log=args.event_log,
     )
-    asyncio.run(serve(cfg, args.host, args.port, gw))
+    asyncio.run(serve(server.pipeline, args.host, args.port, gw))
     return 0
 
 

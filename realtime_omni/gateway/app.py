@@ -33,7 +33,7 @@ from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.session import Session, VadModel
-from realtime_omni.gateway.settings import Settings
+from realtime_omni.gateway.settings import Settings, Voices
 from realtime_omni.gateway.transports import media_stream
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
@@ -67,6 +67,7 @@ class Gateway:
         self.vad_factory: Callable[[], VadModel] | None = None  # set by start()
         self.exporter = Exporter()  # /metrics
         self.event_log = EventLog.open(self.config.event_log)  # serve --event-log
+        self.voices = Voices(self.config.realtime.voices)
 
     async def start(self) -> None:
         if self.coord is None:
@@ -123,6 +124,7 @@ class Gateway:
             max_session_bytes=self.config.max_session_bytes,
             on_metric=self.exporter.observe,
             transport=transport,
+            voices=self.voices,
         )
 
 

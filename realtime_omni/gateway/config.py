@@ -1,8 +1,8 @@
 """The gateway's settings: what `realtime-omni serve` takes from its flags (`GatewayConfig`) and
-the `phone:` and `sip:` sections of the config file (`PhoneConfig`, `SipConfig`), which the
-pipeline's own parser leaves to this one.
+the `phone:`, `sip:` and `realtime:` sections of the config file (`PhoneConfig`, `SipConfig`,
+`RealtimeConfig`), which the pipeline's own parser leaves to this one.
 
-    pipeline, phone, sip = load_server_config("configs/tiny.yaml")
+    cfg = load_server_config("configs/tiny.yaml")    # .pipeline, .phone, .sip, .realtime
 
 ```yaml
 phone:
@@ -16,6 +16,10 @@ sip:
   public_address: 203.0.113.7
   allowed_peers: [10.0.0.0/8, 203.0.113.20]
   registration: {registrar: "sip:trunk.example.com", user: "+15550100", password_env: TRUNK_PW}
+realtime:
+  voices: {alloy: chelsie, ash: ethan}    # OpenAI's voice names -> the checkpoint's speakers
+  api_keys_env: REALTIME_OMNI_API_KEYS    # the keys themselves live in the environment
+  cors_origins: ["https://app.example.com"]
 ```
 
 A route's `session` is what a client would put in `session.update` (GA or beta shape); a
@@ -34,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from realtime_omni.errors import ConfigError
+from realtime_omni.gateway.settings import DEFAULT_VOICES
 from realtime_omni.pipeline.config import GATEWAY_SECTIONS, PipelineConfig, load_config
 
 Route = Literal["default", "twilio", "telnyx", "plivo", "sip"]
@@ -136,6 +141,31 @@ class SipConfig(_Strict):
         return any(ip in ipaddress.ip_network(p, strict=False) for p in self.allowed_peers)
 
 
+class RealtimeConfig(_Strict):
+    """The OpenAI Realtime API: its voices, API keys, client secrets and browsers."""
+
+    voices: dict[str, str] = Field(
+        default_factory=lambda: dict(DEFAULT_VOICES),
+        description="voice names a session may ask for -> the checkpoint's speakers (the "
+        "speakers' own names are taken too)",
+    )
+    api_keys_env: str = Field(
+        "REALTIME_OMNI_API_KEYS",
+        description="environment variable holding the API keys, comma-separated (never put "
+        "them in this file); unset or empty: no authentication, loopback only",
+    )
+    client_secret_ttl_s: int = Field(
+        600, ge=10, le=7200, description="a client secret's life unless its request asks less"
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list, description="origins browsers may call from; ['*']: any"
+    )
+
+    def api_keys(self) -> frozenset[str]:
+        raw = os.environ.get(self.api_keys_env, "")
+        return frozenset(k.strip() for k in raw.split(",") if k.strip())
+
+
 @dataclass
 class GatewayConfig:
     max_sessions: int = 16  # more connections are refused with `too_many_sessions`
@@ -156,6 +186,7 @@ class GatewayConfig:
     ice_host_addresses: list[str] | None = None
     phone: PhoneConfig = field(default_factory=PhoneConfig)  # the config file's `phone:`
     sip: SipConfig | None = None  # the config file's `sip:` with --sip-port; None: no SIP
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # the file's `realtime:`
     # Every server event sent, one JSON line each, audio left out (`event_log.py`); None: off.
     event_log: str | None = None
 
@@ -168,11 +199,26 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_server_config(path: str | Path) -> tuple[PipelineConfig, PhoneConfig, SipConfig]:
+@dataclass(frozen=True)
+class ServerConfig:
+    """A config file: the pipeline, and the gateway's sections."""
+
+    pipeline: PipelineConfig
+    phone: PhoneConfig
+    sip: SipConfig
+    realtime: RealtimeConfig
+
+
+def load_server_config(path: str | Path) -> ServerConfig:
     """The pipeline config and the gateway's sections of the same file."""
     pipeline = load_config(path)
     data = yaml.safe_load(Path(path).read_text()) or {}
-    return pipeline, _section(PhoneConfig, data, "phone"), _section(SipConfig, data, "sip")
+    return ServerConfig(
+        pipeline,
+        _section(PhoneConfig, data, "phone"),
+        _section(SipConfig, data, "sip"),
+        _section(RealtimeConfig, data, "realtime"),
+    )
 
 
 def _section(model: Any, data: dict[str, Any], name: str) -> Any:

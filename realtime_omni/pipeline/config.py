@@ -22,7 +22,7 @@ _DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 # Top-level sections of a config file that belong to the gateway (`gateway/config.py` parses
 # them); the pipeline's parser leaves them out.
-GATEWAY_SECTIONS = ("phone", "sip")
+GATEWAY_SECTIONS = ("phone", "sip", "realtime")
 
 
 class _Strict(BaseModel):
