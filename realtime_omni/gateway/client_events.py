@@ -32,6 +32,7 @@ RESPONSE_FIELDS = (
     "tools",
     "tool_choice",
 )
+TRUNCATE_SLACK_MS = 40  # a truncate this far past an item's audio keeps all of it
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
 
@@ -129,7 +130,9 @@ class ClientEvents:
 
     async def _output_clear(self, ev: dict[str, Any]) -> None:
         self._flush()
-        self._emit("output_audio_buffer.cleared", response_id=self.active_response)
+        rid = self.active_response or self._last_response
+        if rid is not None:  # nothing was ever played: no buffer to have cleared
+            self._emit("output_audio_buffer.cleared", response_id=rid)
 
     async def _item_create(self, ev: dict[str, Any]) -> None:
         # Off the event loop: base64, audio conversion and image decoding of a large item (a
@@ -163,6 +166,8 @@ class ClientEvents:
         if self._response is not None and self._response.item is item:
             await self.cancel_response("client_cancelled")
         self._flush(item.id)
+        if item.audio_ms < ms <= item.audio_ms + TRUNCATE_SLACK_MS:
+            ms = int(item.audio_ms)  # a client's playback position, rounded up or a frame late
         try:
             item.truncate(ms)
         except ValueError as e:

@@ -24,6 +24,7 @@ from realtime_omni.logs import REQUEST, SESSION
 log = logging.getLogger(__name__)
 
 MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
+CODEC_FRAME_MS = 80.0  # one talker codec frame of audio (12.5 Hz)
 
 
 @dataclass
@@ -38,6 +39,28 @@ class _Response:
     ending: bool = False  # finishing or cancelling: nothing may start either again
     muted: bool = False  # barged in or cancelled: audio still arriving is dropped, not queued
     overrides: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None  # the thinker's limit for this response
+    text_tokens: int = 0  # the thinker's tokens that came out (decode's outputs)
+    input_tokens: int = 0  # the prompt's, as the thinker prefilled it (its first token says)
+    cached_tokens: int = 0  # of which its cache already held
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's `usage`: the thinker's tokens; the talker's audio tokens at Qwen3-Omni's
+        12.5 codec frames a second."""
+        audio = round(self.item.audio_ms / CODEC_FRAME_MS)
+        out = self.text_tokens + audio
+        return {
+            "total_tokens": self.input_tokens + out,
+            "input_tokens": self.input_tokens,
+            "output_tokens": out,
+            "input_token_details": {
+                "text_tokens": self.input_tokens,
+                "audio_tokens": 0,
+                "image_tokens": 0,
+                "cached_tokens": self.cached_tokens,
+            },
+            "output_token_details": {"text_tokens": self.text_tokens, "audio_tokens": audio},
+        }
 
 
 class Responses:
@@ -87,9 +110,11 @@ class Responses:
         )
         item = Item(new_id("item"), "assistant", status="in_progress")
         resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
+        resp.max_tokens = payload.get("max_tokens")
         self._response = resp
         self._item_response[item.id] = resp.id
         self._emit("response.created", response=self._response_obj(resp, "in_progress"))
+        self._emit("rate_limits.updated", rate_limits=[])  # as OpenAI at a response's start; none
         prev = self._add(item)
         self._emit(
             "response.output_item.added", response_id=resp.id, output_index=0, item=item.to_openai()
@@ -113,7 +138,7 @@ class Responses:
             "status": status,
             "status_details": details,
             "output": [] if status == "in_progress" else [resp.item.to_openai()],
-            "usage": None,
+            "usage": None if status == "in_progress" else resp.usage(),
         }
 
     async def _run(self, resp: _Response) -> None:
@@ -150,7 +175,10 @@ class Responses:
             error = {"type": "server_error", "message": f"internal error: {e}"}
             self._finish(resp, "failed", {"type": "failed", "error": error})
             return
-        self._finish(resp, "completed", None)
+        if resp.max_tokens is not None and resp.text_tokens >= resp.max_tokens:
+            self._finish(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+        else:
+            self._finish(resp, "completed", None)
 
     async def _hold_lead(self) -> None:
         """Wait while the playout queue is `max_lead_ms` ahead of what has been played."""
@@ -159,6 +187,10 @@ class Responses:
 
     def _on_output(self, resp: _Response, data: dict[str, Any]) -> None:
         token_time = data.get("token_time")
+        if "token_id" in data:  # one of the thinker's tokens, through decode
+            resp.text_tokens += 1
+            resp.input_tokens = int(data.get("prefill_tokens", resp.input_tokens))
+            resp.cached_tokens = int(data.get("cached_tokens", resp.cached_tokens))
         if "pcm" in data:
             if resp.resampler is None:
                 src = int(data.get("sample_rate_hz", MODEL_RATE_HZ))
@@ -204,6 +236,7 @@ class Responses:
         )
         self._emit("conversation.item.done", item=item.to_openai())
         self._emit("response.done", response=self._response_obj(resp, status, details))
+        self._last_response = resp.id
 
     def _barge_in(self) -> None:
         """An interruption: silence from the next read, then cancel in the background."""
@@ -213,6 +246,9 @@ class Responses:
             self._barge_at = time.monotonic()
         self.playout.paused = False
         self._flush()
+        rid = self._response.id if self._response is not None else self._last_response
+        if rid is not None:
+            self._emit("output_audio_buffer.cleared", response_id=rid)
         self._track(self.cancel_response("turn_detected"))
 
     async def cancel_response(self, reason: str) -> bool:

@@ -156,6 +156,7 @@ class Session(ClientEvents, Responses):
         self._turn_start_ms = 0
         self.input = InputBuffer()
         self._response: _Response | None = None
+        self._last_response: str | None = None  # the id of the last response to finish
         self._item_response: dict[str, str] = {}  # item_id -> response id, while active
         self._barge_at: float | None = None  # when a barge-in flushed the queue
         self._video: np.ndarray | None = None

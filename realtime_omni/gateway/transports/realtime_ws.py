@@ -137,6 +137,9 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await conn.send(
             {"type": "session.created", "session": session.settings.to_openai(session.id)}
         )
+        if beta:  # beta clients wait for their conversation; GA ones never heard of it
+            conversation = {"id": f"conv_{session.id[5:]}", "object": "realtime.conversation"}
+            await conn.send({"type": "conversation.created", "conversation": conversation})
         sender = asyncio.create_task(conn.send_loop())
         receiver = asyncio.create_task(conn.receive_loop())
         done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)

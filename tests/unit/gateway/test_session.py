@@ -507,3 +507,78 @@ def test_a_session_keeps_at_most_its_bytes_and_says_what_it_dropped() -> None:
         await s.close()
 
     run(body())
+
+
+class TokenStream(FakeStream):
+    """The thinker's tokens through decode, as the real pipeline sends them: the first one
+    says how long the prompt was."""
+
+    async def __anext__(self) -> Output:
+        if self.taken >= self.chunks:
+            raise StopAsyncIteration
+        self.taken += 1
+        data = {"text": f"t{self.taken} ", "token_id": self.taken, "index": self.taken - 1}
+        if self.taken == 1:
+            data.update(prefill_tokens=17, cached_tokens=5)
+        return Output("decode", {**data, "token_time": time.monotonic()})
+
+
+class TokenCoord(FakeCoord):
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
+        assert request_id is not None
+        self.payloads.append(payload)
+        self.streams[request_id] = s = TokenStream(self.chunks, 0.0)
+        return s
+
+
+@pytest.mark.parametrize(("max_tokens", "status"), [(3, "incomplete"), (10, "completed")])
+def test_response_done_has_usage_and_says_when_max_output_tokens_cut_it(
+    max_tokens: int, status: str
+) -> None:
+    async def body() -> None:
+        s = Session(TokenCoord(chunks=3))
+        await s.handle({"type": "session.update", "session": {"max_output_tokens": max_tokens}})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None)
+        (done,) = [e for e in s.pending_events() if e["type"] == "response.done"]
+        r = done["response"]
+        assert r["status"] == status
+        if status == "incomplete":
+            assert r["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+        u = r["usage"]
+        assert u["input_tokens"] == 17 and u["input_token_details"]["cached_tokens"] == 5
+        assert u["output_token_details"]["text_tokens"] == 3
+        assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"]
+        await s.close()
+
+    run(body())
+
+
+def test_a_barge_in_says_the_output_buffer_was_cleared_and_a_late_truncate_is_kept() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=400)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        rid = s.active_response
+        s.read_output(4800)  # 200 ms heard
+        speak(s, 23)  # an interruption
+        await settle(s, lambda: s.active_response is None)
+        ev = s.pending_events()
+        cleared = [e for e in ev if e["type"] == "output_audio_buffer.cleared"]
+        assert [e["response_id"] for e in cleared] == [rid]
+        item = s.conversation.items[-1]
+        assert item.audio_ms == 200
+        # a client's rounded-up playback position: kept whole, not refused
+        await s.handle(
+            {"type": "conversation.item.truncate", "item_id": item.id, "audio_end_ms": 201}
+        )
+        (t,) = [e for e in s.pending_events() if e["type"] == "conversation.item.truncated"]
+        assert t["audio_end_ms"] == 200
+        with pytest.raises(ProtocolError):  # well past it is still a mistake
+            await s.handle(
+                {"type": "conversation.item.truncate", "item_id": item.id, "audio_end_ms": 900}
+            )
+        await s.close()
+
+    run(body())
