@@ -25,5 +25,6 @@ RUN pip install -e ".[sip,aec]"
 RUN python -c "from realtime_omni.models.qwen3_omni.tiny import ensure_tiny; ensure_tiny(0)"
 
 EXPOSE 8000
-# 0.0.0.0 inside the container: the port mapping decides who can reach it.
-CMD ["realtime-omni", "serve", "--config", "configs/tiny.yaml", "--host", "0.0.0.0", "--port", "8000"]
+# 0.0.0.0 inside the container: set REALTIME_OMNI_API_KEYS, or keep --allow-no-auth only behind a
+# proxy that authenticates (see docs/deployment.md).
+CMD ["realtime-omni", "serve", "--config", "configs/tiny.yaml", "--host", "0.0.0.0", "--port", "8000", "--allow-no-auth"]

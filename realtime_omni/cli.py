@@ -69,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         help="append every server event sent to this file, one JSON line each, audio left out "
         "(for debugging a client)",
     )
+    serve.add_argument(
+        "--allow-no-auth",
+        action="store_true",
+        help="serve a non-loopback --host without API keys (REALTIME_OMNI_API_KEYS unset): only "
+        "behind something that authenticates",
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
     run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
@@ -122,6 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
         realtime=server.realtime,
         sip=sip.model_copy(update={"port": args.sip_port}) if args.sip_port is not None else None,
         event_log=args.event_log,
+        allow_no_auth=args.allow_no_auth,
     )
     asyncio.run(serve(server.pipeline, args.host, args.port, gw))
     return 0

@@ -23,18 +23,21 @@ from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from realtime_omni.errors import OmniError
+from realtime_omni.gateway.auth import Auth, AuthMiddleware
 from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.session import Session, VadModel
 from realtime_omni.gateway.settings import Settings, Voices
-from realtime_omni.gateway.transports import media_stream
+from realtime_omni.gateway.transports import media_stream, realtime_calls
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
 from realtime_omni.gateway.transports.webrtc import routes as webrtc_routes
@@ -68,6 +71,8 @@ class Gateway:
         self.exporter = Exporter()  # /metrics
         self.event_log = EventLog.open(self.config.event_log)  # serve --event-log
         self.voices = Voices(self.config.realtime.voices)
+        rt = self.config.realtime
+        self.auth = Auth(rt.api_keys(), rt.client_secret_ttl_s)  # no keys: nothing checked
 
     async def start(self) -> None:
         if self.coord is None:
@@ -210,6 +215,24 @@ def _process_stats() -> dict[str, int]:
     return {"threads": proc.num_threads(), "fds": proc.num_fds(), "udp_sockets": udp}
 
 
+def _middleware(gw: Gateway) -> list[Middleware]:
+    """CORS for the configured origins (outermost: a preflight is answered before auth), then
+    the API keys (`auth.py`)."""
+    out = []
+    origins = gw.config.realtime.cors_origins
+    if origins:
+        out.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=origins,
+                allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                allow_headers=["Authorization", "Content-Type", "OpenAI-Beta"],
+                expose_headers=["Location"],
+            )
+        )
+    return [*out, Middleware(AuthMiddleware, auth=gw.auth)]
+
+
 def create_app(
     pipeline: PipelineConfig, config: GatewayConfig | None = None, coordinator: Any = None
 ) -> Starlette:
@@ -244,11 +267,13 @@ def create_app(
             Route("/v1/stats", _stats),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             *webrtc_routes(),
+            *realtime_calls.routes(),
             *media_stream.routes(phones),
             # The demo page's scripts and styles (web/); check_dir: the app runs without them.
             Mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static"),
         ],
         lifespan=lifespan,
+        middleware=_middleware(gw),
     )
     app.state.gateway = gw
     app.state.webrtc = calls
@@ -277,6 +302,13 @@ async def serve(
             "pass another --port"
         ) from None
     cfg = config or GatewayConfig()
+    keys = cfg.realtime.api_keys()
+    if not keys and not _loopback(host) and not cfg.allow_no_auth:
+        raise OmniError(
+            f"--host {host} would open the server to the network with no authentication. Fix: "
+            f"set API keys in {cfg.realtime.api_keys_env} (comma-separated), or pass "
+            "--allow-no-auth if something in front of it authenticates"
+        )
     app = create_app(pipeline, cfg)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -300,5 +332,20 @@ async def serve(
         if app.state.sip is not None:
             sip_host, sip_port = app.state.sip.address
             print(f"realtime-omni: SIP on udp:{sip_host}:{sip_port}", flush=True)
-        print(f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}", flush=True)
+        # Tests and scripts wait for "serving ... on <url>"; the note follows it.
+        note = "" if app.state.gateway.auth.required else " (no authentication: no API keys set)"
+        print(
+            f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}{note}", flush=True
+        )
     await task
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -83,18 +83,23 @@ class ClientEvents:
     async def _session_update(self, ev: dict[str, Any]) -> None:
         """What parses is applied; each field refused is one `error` naming it, before the
         `session.updated` that shows what the session now is."""
-        s, refused = apply_session_update(
-            self.settings, ev.get("session"), self.voices, EchoCanceller.available()
-        )
-        for e in refused:
+        for e in self.configure(ev.get("session")):
             self._emit("error", error=_error(e, ev.get("event_id"))["error"])
+        self._emit("session.updated", session=self.settings.to_openai(self.id))
+
+    def configure(self, session: Any) -> list[ProtocolError]:
+        """Apply a session object (a client secret's, a call's, a `session.update`'s) without a
+        word to the client; the fields refused."""
+        s, refused = apply_session_update(
+            self.settings, session, self.voices, EchoCanceller.available()
+        )
         changed = s.turn_detection != self.settings.turn_detection
         self.settings = s
         if changed:
             self._vad = ServerVad(s.turn_detection.vad if s.turn_detection else None)
             self._clear_input()
         self._set_echo_cancellation()
-        self._emit("session.updated", session=s.to_openai(self.id))
+        return refused
 
     async def _append(self, ev: dict[str, Any]) -> None:
         audio = ev.get("audio")

@@ -187,6 +187,8 @@ class GatewayConfig:
     phone: PhoneConfig = field(default_factory=PhoneConfig)  # the config file's `phone:`
     sip: SipConfig | None = None  # the config file's `sip:` with --sip-port; None: no SIP
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # the file's `realtime:`
+    # Serve another address than loopback with no API keys (something in front authenticates).
+    allow_no_auth: bool = False
     # Every server event sent, one JSON line each, audio left out (`event_log.py`); None: off.
     event_log: str | None = None
 

@@ -136,6 +136,7 @@ class Session(ClientEvents, Responses):
         # Unbounded: events are made only as fast as client events arrive and a lead-limited
         # response streams; a transport that stops reading is closed by its own send timeout.
         self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._listeners: list[asyncio.Queue[dict[str, Any] | None]] = []  # sideband copies
         self.audio_written = asyncio.Event()  # set on every playout write; a sender may clear it
         self._vad_factory = vad_factory
         self._vad_model: VadModel | None = None
@@ -222,7 +223,26 @@ class Session(ClientEvents, Responses):
             self.on_metric(name, value_ms)
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        self._events.put_nowait({"type": kind, **fields})
+        event = {"type": kind, **fields}
+        self._events.put_nowait(event)
+        for q in list(self._listeners):
+            if q.full():  # a listener that stopped reading: dropped, its reader sees None
+                self._listeners.remove(q)
+                q.get_nowait()
+                q.put_nowait(None)
+            else:
+                q.put_nowait(event)
+
+    def subscribe(self, limit: int = 10000) -> asyncio.Queue[dict[str, Any] | None]:
+        """A copy of every event from now on (a call's sideband connection), until
+        `unsubscribe`; None in it: the listener fell `limit` events behind and was dropped."""
+        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(limit)
+        self._listeners.append(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[dict[str, Any] | None]) -> None:
+        if q in self._listeners:
+            self._listeners.remove(q)
 
     async def next_event(self) -> dict[str, Any]:
         return await self._events.get()

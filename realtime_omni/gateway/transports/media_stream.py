@@ -45,6 +45,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.gateway import audio
+from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.transports import phone
@@ -386,6 +387,14 @@ class PhoneCall:
 
     async def _begin(self, start: Start) -> bool:
         gw = self.gw
+        # A stream URL without a query (Twilio's) shows its token in the stream's parameters.
+        deferred = grant_of(self.ws.scope).kind == "deferred"
+        if deferred and gw.auth.check(start.parameters.get("token")) is None:
+            log.warning(
+                "%s call %s refused: no valid `token` stream parameter (the server has API keys)",
+                self.dialect.name, start.call_id,
+            )  # fmt: skip
+            return False
         if len(gw.sessions) >= gw.config.max_sessions:
             log.warning(
                 "%s call %s refused: at the session limit", self.dialect.name, start.call_id
@@ -535,6 +544,9 @@ async def twilio_voice(request: Request) -> Response:
     form = parse_qs((await request.body())[:65536].decode("utf-8", "replace"))
     fields = (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
     params = {k: form.get(f, [""])[0] for k, f in fields}
+    gw = request.app.state.gateway
+    if gw.auth.required:  # the stream authenticates with a secret of its own, not the key
+        params["token"], _ = gw.auth.mint({}, 120)
     lines = "".join(
         f"<Parameter name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in params.items() if v
     )

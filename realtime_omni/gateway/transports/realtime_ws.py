@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.protocol import error_event, event_id, for_beta
 from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.transports.realtime_calls import sideband
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.app import Gateway
@@ -117,8 +119,18 @@ class RealtimeConnection:
 
 async def realtime_endpoint(ws: WebSocket) -> None:
     gw: Gateway = ws.app.state.gateway
-    await ws.accept()
-    beta = "realtime=v1" in ws.headers.get("openai-beta", "")
+    # A browser's `realtime` subprotocol (its key rides in another, auth.py) is echoed back;
+    # a browser fails the handshake otherwise.
+    offered = offered_subprotocols(ws.scope)
+    subprotocol = "realtime" if "realtime" in offered else None
+    beta = (
+        "realtime=v1" in ws.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in offered
+    )
+    call_id = ws.query_params.get("call_id")
+    if call_id:
+        await sideband(ws, call_id, subprotocol)
+        return
+    await ws.accept(subprotocol=subprotocol)
     if len(gw.sessions) >= gw.config.max_sessions:
         err = error_event(
             f"the server is at its limit of {gw.config.max_sessions} sessions; try again later",
@@ -129,6 +141,9 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await ws.close(code=1013, reason="too many sessions")
         return
     session = gw.new_session(model=ws.query_params.get("model") or "qwen3-omni")
+    grant = grant_of(ws.scope)
+    if grant.session:  # a client secret's settings, checked when it was minted
+        session.configure(grant.session)
     gw.sessions.add(session)
     conn = RealtimeConnection(ws, session, gw, beta)
     sender: asyncio.Task[None] | None = None

@@ -105,6 +105,7 @@ class WebRtcCall:
         self.track = PlayoutTrack(session, self.send_event)
         self.channel: RTCDataChannel | None = None
         self.connected = asyncio.Event()
+        self.ended = asyncio.Event()  # set as the call closes (a sideband connection ends too)
         self._backlog: deque[dict[str, Any]] = deque(maxlen=MAX_BACKLOG)
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_INBOX)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -242,6 +243,7 @@ class WebRtcCall:
         if self._closed:
             return
         self._closed = True
+        self.ended.set()
         self.calls.forget(self)
         self.track.stop()
         tasks = list(self._tasks)
@@ -266,9 +268,12 @@ class WebRtcCalls:
         self.totals = {"calls": 0, "frames": 0, "frames_late": 0, "resyncs": 0}
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def create(self, sdp: str) -> tuple[WebRtcCall, str]:
-        """A call for this offer, and its answer. `SignallingError` on refusal; a refused or
-        failed offer leaves nothing behind."""
+    async def create(
+        self, sdp: str, settings: dict[str, Any] | None = None
+    ) -> tuple[WebRtcCall, str]:
+        """A call for this offer, and its answer; `settings` (a session object: a client
+        secret's, a call's) apply before `session.created`. `SignallingError` on refusal; a
+        refused or failed offer leaves nothing behind."""
         limit = self.gw.config.max_sessions
         if len(self.gw.sessions) >= limit:
             # An offer that never connected (no ICE yet) yields its place to a new one, oldest
@@ -290,6 +295,8 @@ class WebRtcCalls:
         self.calls[call.id] = call
         self.totals["calls"] += 1
         try:
+            if settings:
+                session.configure(settings)  # checked when the secret or call was made
             await session.start()
             return call, await call.answer(sdp)
         except BaseException:
@@ -331,7 +338,7 @@ class WebRtcCalls:
 # ---- routes ----------------------------------------------------------------------------
 
 
-async def _read_body(request: Request) -> str:
+async def read_body(request: Request) -> str:
     size = request.headers.get("content-length", "")
     if size.isdigit() and int(size) > MAX_OFFER_BYTES:
         raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
@@ -349,7 +356,7 @@ async def _read_body(request: Request) -> str:
 async def offer_endpoint(request: Request) -> Response:
     calls: WebRtcCalls = request.app.state.webrtc
     try:
-        raw = await _read_body(request)
+        raw = await read_body(request)
         try:
             data = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -372,7 +379,7 @@ async def whip_endpoint(request: Request) -> Response:
             raise SignallingError(
                 415, f"WHIP takes Content-Type application/sdp, not {kind or 'none'!r}"
             )
-        call, answer = await calls.create(await _read_body(request))
+        call, answer = await calls.create(await read_body(request))
     except SignallingError as e:
         return e.response()
     return Response(

@@ -1,0 +1,208 @@
+"""OpenAI's browser flow: client secrets, WebRTC calls at `/v1/realtime/calls`, and the sideband
+WebSocket that controls a call from a server.
+
+    POST /v1/realtime/client_secrets   JSON {"session": {...}, "expires_after": {"anchor":
+                                       "created_at", "seconds": 600}} with an API key -> 200
+                                       {"value": "ek_...", "expires_at", "session"}
+    POST /v1/realtime/calls            an SDP offer: raw `application/sdp`, or multipart
+                                       form-data with `sdp` and `session` (JSON) -> 201, the
+                                       answer as application/sdp, Location:
+                                       /v1/realtime/calls/<call_id>
+    POST /v1/realtime/calls/<id>/hangup  end the call -> 200
+    WS   /v1/realtime?call_id=<id>     the sideband: every event of that call's session, and
+                                       client events for it (`realtime_ws.py` routes it here)
+
+A call made with a client secret starts with the secret's session settings, then the call's
+own `session` over them; with an API key, with the call's alone. Settings a call asks for that
+the server refuses fail the call (400), so no call starts other than asked. The call's events
+go on its data channel as with `/v1/webrtc/offer`; a sideband connection gets a copy of each
+from when it attaches and may send client events; it ends with the call (or on its own, and
+the call goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.parser
+import email.policy
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.websockets import WebSocket
+
+from realtime_omni.gateway.auth import grant_of
+from realtime_omni.gateway.config import merge
+from realtime_omni.gateway.protocol import event_id
+from realtime_omni.gateway.settings import Settings, apply_session_update
+from realtime_omni.gateway.transports.webrtc import (
+    MAX_OFFER_BYTES,
+    SignallingError,
+    WebRtcCalls,
+)
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+MAX_CALL_BODY = 4 * MAX_OFFER_BYTES  # an offer and its session settings
+
+
+def _refusal(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    body = {"type": "invalid_request_error", "code": code, "message": message, "param": param}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    out = bytearray()
+    async for chunk in request.stream():
+        out += chunk
+        if len(out) > limit:
+            raise SignallingError(413, f"the body is at most {limit} bytes", "too_large")
+    return bytes(out)
+
+
+def _check_settings(gw: Gateway, session: Any, where: str) -> None:
+    """Refuse (400) settings the server would not apply, naming the fields."""
+    _, refused = apply_session_update(Settings(), session, gw.voices, True)
+    if refused:
+        fields = "; ".join(str(e) for e in refused)
+        raise SignallingError(400, f"{where}: {fields}", "invalid_session")
+
+
+async def client_secrets(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    if grant_of(request.scope).kind == "secret":
+        return _refusal(403, "a client secret cannot mint others; use an API key", "forbidden")
+    try:
+        data = json.loads(await _body(request, MAX_CALL_BODY) or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError, SignallingError) as e:
+        return _refusal(400, f"the body is not a JSON object: {e}", "invalid_json")
+    if not isinstance(data, dict):
+        return _refusal(400, "the body must be a JSON object", "invalid_json")
+    session = data.get("session") or {}
+    ttl = (data.get("expires_after") or {}).get("seconds")
+    if ttl is not None and (not isinstance(ttl, int) or not 10 <= ttl <= 7200):
+        return _refusal(400, "expires_after.seconds must be 10..7200", "invalid_value")
+    try:
+        _check_settings(gw, session, "session")
+    except SignallingError as e:
+        return _refusal(400, str(e), "invalid_value", "session")
+    value, expires_at = gw.auth.mint(session, ttl)
+    shown, _ = apply_session_update(Settings(), session, gw.voices, True)
+    return JSONResponse(
+        {"value": value, "expires_at": expires_at, "session": shown.to_openai("sess_pending")}
+    )
+
+
+def _parse_form(kind: str, body: bytes) -> dict[str, str]:
+    """multipart/form-data fields as text (the standard library's MIME parser)."""
+    head = f"Content-Type: {kind}\r\nMIME-Version: 1.0\r\n\r\n".encode()
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    fields = {}
+    for part in msg.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = payload.decode("utf-8") if isinstance(payload, bytes) else ""
+    return fields
+
+
+async def create_call(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    calls: WebRtcCalls = request.app.state.webrtc
+    grant = grant_of(request.scope)
+    kind = request.headers.get("content-type", "")
+    try:
+        body = await _body(request, MAX_CALL_BODY)
+        if kind.split(";")[0].strip().lower() == "application/sdp":
+            sdp, session = body.decode("utf-8", "replace"), {}
+        elif kind.lower().startswith("multipart/form-data"):
+            fields = _parse_form(kind, body)
+            if "sdp" not in fields:
+                raise SignallingError(400, "the form has no `sdp` field", "invalid_sdp")
+            sdp = fields["sdp"]
+            try:
+                session = json.loads(fields.get("session") or "{}")
+            except json.JSONDecodeError as e:
+                raise SignallingError(400, f"`session` is not JSON: {e}", "invalid_json") from e
+            _check_settings(gw, session, "session")
+        else:
+            raise SignallingError(
+                415, "send the offer as application/sdp, or multipart/form-data with `sdp`"
+            )
+        if len(sdp.encode()) > MAX_OFFER_BYTES:
+            raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
+        settings = merge(grant.session or {}, session if isinstance(session, dict) else {})
+        call, answer = await calls.create(sdp, settings)
+    except SignallingError as e:
+        return e.response()
+    return Response(
+        answer,
+        status_code=201,
+        media_type="application/sdp",
+        headers={"Location": f"/v1/realtime/calls/{call.id}"},
+    )
+
+
+async def hangup(request: Request) -> Response:
+    calls: WebRtcCalls = request.app.state.webrtc
+    call = calls.calls.get(request.path_params["call_id"])
+    if call is None:
+        return SignallingError(404, "no such call", "call_not_found").response()
+    await call.close()
+    return Response(status_code=200)
+
+
+async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None) -> None:
+    """`/v1/realtime?call_id=`: a copy of the call's events, and client events for it."""
+    gw: Gateway = ws.app.state.gateway
+    call = ws.app.state.webrtc.calls.get(call_id)
+    if call is None:
+        await ws.close(code=1008, reason="no such call")
+        return
+    await ws.accept(subprotocol=subprotocol)
+    session = call.session
+    events = session.subscribe()
+    limit = gw.config.max_message_bytes
+
+    async def send(ev: dict[str, Any]) -> None:
+        await asyncio.wait_for(ws.send_text(json.dumps({"event_id": event_id(), **ev})), 10.0)
+
+    async def pump() -> None:
+        await send({"type": "session.updated", "session": session.settings.to_openai(session.id)})
+        while (ev := await events.get()) is not None:
+            await send(ev)
+
+    async def receive() -> None:
+        while True:
+            msg = await ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                return
+            raw = msg.get("text") or (msg.get("bytes") or b"").decode("utf-8", "replace")
+            if (err := await session.handle_text(raw, limit)) is not None:
+                await send(err)
+
+    tasks = [asyncio.create_task(pump()), asyncio.create_task(receive())]
+    ended = asyncio.create_task(call.ended.wait())
+    try:
+        await asyncio.wait([*tasks, ended], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        session.unsubscribe(events)
+        for t in [*tasks, ended]:
+            t.cancel()
+        await asyncio.gather(*tasks, ended, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
+        Route("/v1/realtime/calls", create_call, methods=["POST"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", hangup, methods=["POST"]),
+    ]
