@@ -28,6 +28,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 import wave
 from collections import deque
 from pathlib import Path
@@ -48,6 +49,17 @@ from realtime_omni.gateway.transports.webrtc_media import (
 )
 
 VIDEO_CLOCK_HZ = 90000  # RTP's video clock
+
+
+def _form(fields: dict[str, str]) -> tuple[bytes, str]:
+    """A multipart/form-data body of text fields, and its Content-Type."""
+    boundary = f"rto{uuid.uuid4().hex}"
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
+        for k, v in fields.items()
+    ]
+    body = "".join(parts) + f"--{boundary}--\r\n"
+    return body.encode(), f"multipart/form-data; boundary={boundary}"
 
 
 def http(
@@ -204,12 +216,35 @@ class Caller:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         return self.pc.localDescription.sdp
 
-    async def connect(self, whip: bool = False, limit_s: float = 10.0) -> None:
-        """Offer, apply the answer, wait for the data channel to open."""
+    async def connect(
+        self,
+        whip: bool = False,
+        limit_s: float = 10.0,
+        calls: bool = False,
+        token: str | None = None,
+        session: dict[str, Any] | None = None,
+    ) -> None:
+        """Offer, apply the answer, wait for the data channel to open. `calls`: OpenAI's flow,
+        `POST /v1/realtime/calls` with `token` (a key or client secret) as the bearer, and
+        `session` settings in a multipart form beside the offer."""
         sdp = await self.offer()
-        if whip:
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        if calls:
+            if session is None:
+                body, kind = sdp.encode(), "application/sdp"
+            else:
+                body, kind = _form({"sdp": sdp, "session": json.dumps(session)})
+            status, headers, reply = await asyncio.to_thread(
+                http, "POST", f"{self.base_url}/v1/realtime/calls", body, kind, auth
+            )
+            if status != 201:
+                raise RuntimeError(f"call refused: {status} {reply.decode()}")
+            self.location = headers["location"]
+            self.session_id = self.location.rsplit("/", 1)[1]
+            answer = reply.decode()
+        elif whip:
             status, headers, body = await asyncio.to_thread(
-                http, "POST", f"{self.base_url}/v1/whip", sdp.encode(), "application/sdp"
+                http, "POST", f"{self.base_url}/v1/whip", sdp.encode(), "application/sdp", auth
             )
             if status != 201:
                 raise RuntimeError(f"WHIP offer refused: {status} {body.decode()}")
@@ -219,7 +254,7 @@ class Caller:
         else:
             data = json.dumps({"sdp": sdp, "type": "offer"}).encode()
             status, _, body = await asyncio.to_thread(
-                http, "POST", f"{self.base_url}/v1/webrtc/offer", data, "application/json"
+                http, "POST", f"{self.base_url}/v1/webrtc/offer", data, "application/json", auth
             )
             if status != 200:
                 raise RuntimeError(f"offer refused: {status} {body.decode()}")

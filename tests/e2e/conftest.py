@@ -34,7 +34,10 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def serving(
-    *args: str, config: Path | None = None, startup: list[str] | None = None
+    *args: str,
+    config: Path | None = None,
+    startup: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """`realtime-omni serve` with `config` (default: the simulated one) on a free port, `args`
     added; yields its URL, and checks on the way out that SIGTERM left no shared memory behind.
@@ -59,6 +62,7 @@ def serving(
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout(60)

@@ -44,17 +44,19 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def get_json(url: str) -> Any:
-    status, _, body = http("GET", url)
+def get_json(url: str, headers: dict[str, str] | None = None) -> Any:
+    status, _, body = http("GET", url, headers=headers)
     assert status == 200, body
     return json.loads(body)
 
 
-async def settle(url: str, limit_s: float = 5.0) -> dict[str, Any]:
+async def settle(
+    url: str, limit_s: float = 5.0, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     """/v1/stats once no session is left and the pipeline holds nothing."""
     deadline = time.monotonic() + timeout(limit_s)
     while True:
-        st = await asyncio.to_thread(get_json, f"{url}/v1/stats")
+        st = await asyncio.to_thread(get_json, f"{url}/v1/stats", headers)
         idle = st["sessions"] == 0 and st["in_flight"] == 0 and st["webrtc"]["live"] == 0
         if idle or time.monotonic() > deadline:
             return st

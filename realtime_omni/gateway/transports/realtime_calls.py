@@ -171,7 +171,10 @@ async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None) -> None
     limit = gw.config.max_message_bytes
 
     async def send(ev: dict[str, Any]) -> None:
-        await asyncio.wait_for(ws.send_text(json.dumps({"event_id": event_id(), **ev})), 10.0)
+        ev = {"event_id": event_id(), **ev}
+        if gw.event_log is not None:
+            gw.event_log.write(session.id, "sideband", False, ev)
+        await asyncio.wait_for(ws.send_text(json.dumps(ev)), 10.0)
 
     async def pump() -> None:
         await send({"type": "session.updated", "session": session.settings.to_openai(session.id)})
