@@ -8,6 +8,7 @@ audio had begun by then, so the conversation remembers what the person heard, no
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +33,15 @@ class Part:
 @dataclass
 class Item:
     id: str
-    role: str  # "user" | "assistant" | "system"
+    role: str  # "user" | "assistant" | "system"; a function call "assistant", its output "tool"
     parts: list[Part] = field(default_factory=list)
     status: str = "completed"
+    type: str = "message"  # | "function_call" | "function_call_output"
+    modality: str = "audio"  # an assistant message: "audio" (spoken) or "text" (text only)
+    call_id: str = ""  # a function call and its output
+    name: str = ""  # a function call's
+    arguments: str = ""  # a function call's, JSON text
+    output: str = ""  # a function call output's
     # assistant only
     pieces: list[tuple[float, str]] = field(default_factory=list)  # (token_time, text)
     marks: list[tuple[float, float]] = field(default_factory=list)  # (audio_ms, token_time)
@@ -67,8 +74,15 @@ class Item:
 
     def to_openai(self) -> dict[str, Any]:
         """GA's shape (`protocol.for_beta` makes beta's of it)."""
+        base = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        if self.type == "function_call":
+            return {**base, "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        if self.type == "function_call_output":
+            return {**base, "call_id": self.call_id, "output": self.output}
         content: list[dict[str, Any]] = []
-        if self.role == "assistant":
+        if self.role == "assistant" and self.modality == "text":
+            content.append({"type": "output_text", "text": self.transcript})
+        elif self.role == "assistant":
             content.append({"type": "output_audio", "transcript": self.transcript})
         for p in self.parts:
             if p.kind == "text":
@@ -77,14 +91,7 @@ class Item:
                 content.append({"type": "input_audio", "transcript": None})
             elif p.kind == "image":
                 content.append({"type": "input_image"})
-        return {
-            "id": self.id,
-            "object": "realtime.item",
-            "type": "message",
-            "role": self.role,
-            "status": self.status,
-            "content": content,
-        }
+        return {**base, "role": self.role, "content": content}
 
 
 MAX_BYTES = 32 << 20  # a session's audio and images (about 8 min of 16 kHz float32 audio)
@@ -181,6 +188,22 @@ class Conversation:
             parts = list(it.parts)
             if i == last_user and image is not None:
                 parts.append(Part("image", image=image))
+            if it.type == "function_call":  # the checkpoint's chat template renders the call
+                call = {"name": it.name, "arguments": _json_object(it.arguments)}
+                prev = messages[-1] if messages else None
+                if prev is not None and prev["role"] == "assistant" and "tool_calls" in prev:
+                    prev["tool_calls"].append({"type": "function", "function": call})
+                elif prev is not None and prev["role"] == "assistant":
+                    prev["tool_calls"] = [{"type": "function", "function": call}]
+                else:
+                    messages.append(
+                        {"role": "assistant", "content": "", "tool_calls": [
+                            {"type": "function", "function": call}]}
+                    )  # fmt: skip
+                continue
+            if it.type == "function_call_output":
+                messages.append({"role": "tool", "content": it.output})
+                continue
             if it.role == "assistant":
                 if it.transcript:
                     messages.append({"role": "assistant", "content": it.transcript})
@@ -216,6 +239,15 @@ class Conversation:
         for msg in messages:
             if isinstance(msg["content"], list):
                 msg["content"] = [c for c in msg["content"] if not c.get("drop")]
-        payload["messages"] = [m for m in messages if m["content"]]
+        payload["messages"] = [m for m in messages if m["content"] or m.get("tool_calls")]
         payload.update({k: v for k, v in fields.items() if v is not None})
         return payload
+
+
+def _json_object(text: str) -> Any:
+    """A function call's arguments as the chat template wants them: the parsed object (its
+    JSON text as it was, if it does not parse)."""
+    try:
+        return json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return text

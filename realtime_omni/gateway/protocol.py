@@ -167,8 +167,13 @@ MAX_IMAGE_SIDE = 1280  # larger images are scaled down before they join the conv
 def parse_item(spec: Any, input_format: AudioFormat) -> Item:
     """The `item` of a `conversation.item.create`: a message of text, audio (in the session's
     input format, resampled to the VAD's 16 kHz) and images (data: URLs)."""
+    if isinstance(spec, dict) and spec.get("type") in ("function_call", "function_call_output"):
+        return _parse_call_item(spec)
     if not isinstance(spec, dict) or spec.get("type", "message") != "message":
-        raise ProtocolError("item must be an object of type message", param="item")
+        raise ProtocolError(
+            "item must be an object of type message, function_call or function_call_output",
+            param="item",
+        )
     role = spec.get("role")
     if role not in ("user", "assistant", "system"):
         raise ProtocolError(f"item.role = {role!r}: user, assistant or system", param="item.role")
@@ -183,6 +188,21 @@ def parse_item(spec: Any, input_format: AudioFormat) -> Item:
         else:
             item.parts.append(part)
     return item
+
+
+def _parse_call_item(spec: dict[str, Any]) -> Item:
+    """A function call (the model's, as a client replays it) or its output (the client's
+    answer to one)."""
+    kind = spec["type"]
+    fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
+    values = {}
+    for key in fields:
+        v = spec.get(key, "")
+        if not isinstance(v, str) or (key in ("call_id", "name") and not v):
+            raise ProtocolError(f"item.{key} must be a non-empty string", param=f"item.{key}")
+        values[key] = v
+    role = "assistant" if kind == "function_call" else "tool"
+    return Item(spec.get("id") or new_id("item"), role, type=kind, **values)
 
 
 def _parse_part(c: Any, param: str, input_format: AudioFormat) -> Part:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,8 @@ from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.conversation import Item, new_id
 from realtime_omni.gateway.playout import Playout
 from realtime_omni.gateway.protocol import ProtocolError
+from realtime_omni.gateway.settings import Tool
+from realtime_omni.gateway.tool_calls import Call, ToolCallStream
 from realtime_omni.logs import REQUEST, SESSION
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,9 @@ class _Response:
     muted: bool = False  # barged in or cancelled: audio still arriving is dropped, not queued
     overrides: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None  # the thinker's limit for this response
+    text_only: bool = False  # output_modalities ["text"]: no talker, no audio
+    calls: list[Item] = field(default_factory=list)  # function calls made, in order
+    tool_text: ToolCallStream = field(default_factory=ToolCallStream)
     text_tokens: int = 0  # the thinker's tokens that came out (decode's outputs)
     input_tokens: int = 0  # the prompt's, as the thinker prefilled it (its first token says)
     cached_tokens: int = 0  # of which its cache already held
@@ -97,6 +103,7 @@ class Responses:
         want = self._fixed_rate or s.output_format.rate_hz
         if want != self.playout.rate_hz and self.playout.queued == 0:
             self.playout = Playout(want)
+        text_only = overrides.get("output_modalities", s.output_modalities) == ("text",)
         payload = self.conversation.payload(
             overrides.get("instructions", s.instructions),
             self.max_payload_bytes,
@@ -107,10 +114,16 @@ class Responses:
             if (voice := overrides.get("voice", s.voice))
             else None,
             session_id=self.id,  # the stages may keep this conversation's state between turns
+            text_only=True if text_only else None,
+            **_tools_payload(
+                overrides.get("tools", s.tools), overrides.get("tool_choice", s.tool_choice)
+            ),
         )
         item = Item(new_id("item"), "assistant", status="in_progress")
+        item.modality = "text" if text_only else "audio"
         resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
         resp.max_tokens = payload.get("max_tokens")
+        resp.text_only = text_only
         self._response = resp
         self._item_response[item.id] = resp.id
         self._emit("response.created", response=self._response_obj(resp, "in_progress"))
@@ -126,18 +139,20 @@ class Responses:
             item_id=item.id,
             output_index=0,
             content_index=0,
-            part={"type": "audio", "transcript": ""},
+            part={"type": "text", "text": ""} if text_only else {"type": "audio", "transcript": ""},
         )
         resp.task = asyncio.create_task(self._run(resp))
         return resp
 
     def _response_obj(self, resp: _Response, status: str, details: Any = None) -> dict[str, Any]:
+        calls = [c.to_openai() for c in resp.calls]
         return {
             "id": resp.id,
             "object": "realtime.response",
             "status": status,
             "status_details": details,
-            "output": [] if status == "in_progress" else [resp.item.to_openai()],
+            "output": [] if status == "in_progress" else [resp.item.to_openai(), *calls],
+            "output_modalities": ["text"] if resp.text_only else ["audio"],
             "usage": None if status == "in_progress" else resp.usage(),
         }
 
@@ -199,15 +214,47 @@ class Responses:
             self._write_audio(resp, resp.resampler.process(pcm), token_time)
         text = data.get("text") or ""
         if text:
-            resp.item.add_text(token_time if token_time is not None else time.monotonic(), text)
-            self._emit(
-                "response.output_audio_transcript.delta",
-                response_id=resp.id,
-                item_id=resp.item.id,
-                output_index=0,
-                content_index=0,
-                delta=text,
-            )
+            for piece in resp.tool_text.push(text):
+                self._on_piece(resp, piece, token_time)
+
+    def _on_piece(self, resp: _Response, piece: str | Call, token_time: float | None) -> None:
+        """Words of the answer, or a function call the model made."""
+        if isinstance(piece, Call):
+            self._function_call(resp, piece)
+            return
+        resp.item.add_text(token_time if token_time is not None else time.monotonic(), piece)
+        kind = "output_text" if resp.text_only else "output_audio_transcript"
+        self._emit(
+            f"response.{kind}.delta",
+            response_id=resp.id,
+            item_id=resp.item.id,
+            output_index=0,
+            content_index=0,
+            delta=piece,
+        )
+
+    def _function_call(self, resp: _Response, call: Call) -> None:
+        """A call the model made: an item of its own after the answer's message, its arguments
+        in one delta (the model writes them whole), `completed` at once."""
+        item = Item(new_id("item"), "assistant", type="function_call", status="in_progress")
+        item.call_id, item.name = f"call_{new_id('c')[2:18]}", call.name
+        index = 1 + len(resp.calls)
+        resp.calls.append(item)
+        ids = {"response_id": resp.id, "output_index": index}
+        prev = self._add(item, resp.calls[-2].id if len(resp.calls) > 1 else resp.item.id)
+        self._emit("response.output_item.added", **ids, item=item.to_openai())
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
+        item.arguments, item.status = call.arguments, "completed"
+        args = {**ids, "item_id": item.id, "call_id": item.call_id}
+        self._emit("response.function_call_arguments.delta", **args, delta=call.arguments)
+        self._emit(
+            "response.function_call_arguments.done",
+            **args,
+            name=item.name,
+            arguments=item.arguments,
+        )
+        self._emit("response.output_item.done", **ids, item=item.to_openai())
+        self._emit("conversation.item.done", item=item.to_openai())
 
     def _write_audio(self, resp: _Response, pcm: np.ndarray, token_time: float | None) -> None:
         if not len(pcm) or resp.muted:
@@ -226,10 +273,16 @@ class Responses:
         item = resp.item
         self._item_response.pop(item.id, None)
         item.status = "completed" if status == "completed" else "incomplete"
+        for piece in resp.tool_text.flush():  # text held back for a tag, a call left open
+            self._on_piece(resp, piece, None)
         ids = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
-        self._emit("response.output_audio.done", **ids)
-        self._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
-        part = {"type": "audio", "transcript": item.transcript}
+        if resp.text_only:
+            self._emit("response.output_text.done", **ids, text=item.transcript)
+            part = {"type": "text", "text": item.transcript}
+        else:
+            self._emit("response.output_audio.done", **ids)
+            self._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
+            part = {"type": "audio", "transcript": item.transcript}
         self._emit("response.content_part.done", **ids, part=part)
         self._emit(
             "response.output_item.done", response_id=resp.id, output_index=0, item=item.to_openai()
@@ -274,3 +327,29 @@ class Responses:
             self.playout.forget(resp.item.id)
             self._finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
         return True
+
+
+def _tools_payload(tools: tuple[Tool, ...], choice: Any) -> dict[str, Any]:
+    """The request's `tools`, in the shape the checkpoint's chat template takes, and how the
+    choice is put to the thinker (`none`: no tools shown; `required` or one function: said in
+    `tool_instruction`, which preprocessing adds to the system turn)."""
+    if not tools or choice == "none":
+        return {}
+    out: dict[str, Any] = {
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": dict(t.parameters) or {"type": "object", "properties": {}},
+                },
+            }
+            for t in tools
+        ]
+    }
+    if choice == "required":
+        out["tool_instruction"] = "Answer by calling one of the functions."
+    elif isinstance(choice, Mapping):
+        out["tool_instruction"] = f"Answer by calling the function {choice['name']}."
+    return out

@@ -113,6 +113,8 @@ class SimulatedExecutor:
         if self.serial and self.role == "chunk":
             self.first_chunk = self.chunk = 1 << 30
         self.targets = ctx.downstream
+        # generate: the target that speaks (the talker); a `text_only` request skips it
+        self.speech_to = p.get("speech_to")
         self.device = ctx.device
         if self.device.startswith("cuda"):
             from realtime_omni.pipeline.cuda_ipc import missing
@@ -155,13 +157,17 @@ class SimulatedExecutor:
         return any(self._due(r) for r in self.reqs.values())
 
     def step(self) -> list[Emit]:
+        emits: list[Emit] = []
+        for rid, r in list(self.reqs.items()):
+            if self.role in ("follow", "chunk") and r.ended and not r.inputs:
+                del self.reqs[rid]  # its input ended empty (a text-only answer): no work
+                emits.append(Emit(rid, done=True))
         batch = [rid for rid, r in self.reqs.items() if self._due(r)][: self.max_batch]
         if self.role == "generate":
             batch, cost = self._generate_batch(batch)
         else:
             cost = self._cost(batch)
         time.sleep(cost)
-        emits: list[Emit] = []
         for rid in batch:
             emits += self._produce(rid)
         return emits
@@ -274,7 +280,11 @@ class SimulatedExecutor:
 
     def _emits(self, rid: str, meta: dict[str, Any], n: int) -> list[Emit]:
         emits = []
+        r = self.reqs.get(rid)
+        text_only = r is not None and r.meta.get("text_only")
         for target in self.targets:
+            if text_only and target == self.speech_to:
+                continue
             spec = self.outputs.get(target, self.outputs.get("*", {}))
             on_gpu = self.device.startswith("cuda") and target != CLIENT
             payload: Payload = dict(meta)

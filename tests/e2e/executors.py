@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from realtime_omni.models.qwen3_omni.thinker import ThinkerExecutor
 from realtime_omni.pipeline.executor import StageContext
 from realtime_omni.pipeline.simulated import SimulatedExecutor
 
@@ -38,3 +39,54 @@ class PayloadRecorder(SimulatedExecutor):
         }
         with open(self.record_to, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+class ScriptedThinker(ThinkerExecutor):
+    """The real thinker (tiny weights, real prefill and decode steps, real emits) with its
+    sampling replaced by a script, since random weights never call a tool: a turn whose prompt
+    holds a `<tool_response>` answers `params.answer`, any other turn says `params.call`
+    (which may hold a `<tool_call>`). Appends one JSON line per request to `params.record_to`:
+    the prompt as text, and how many tokens went to the speech stage and what they say."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        from realtime_omni.models.qwen3_omni.processor import load_processor
+        from realtime_omni.models.qwen3_omni.weights import model_dir
+
+        self.tokenizer = load_processor(model_dir(ctx.model)).tokenizer
+        self.call, self.answer = str(ctx.params["call"]), str(ctx.params["answer"])
+        self.record_to = str(ctx.params["record_to"])
+        self.script: dict[str, list[int]] = {}
+        self.spoken: dict[str, int] = {}
+        self.prompts: dict[str, str] = {}
+
+    def add_request(self, request_id: str, inputs: dict[str, Any]) -> None:
+        super().add_request(request_id, inputs)
+        r = self.reqs[request_id]
+        prompt = self.tokenizer.decode(r.ids.tolist())
+        text = self.answer if "<tool_response>" in prompt else self.call
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.script[request_id] = [*ids, min(self.stop_ids)]
+        r.max_tokens = len(self.script[request_id])
+        self.spoken[request_id] = 0
+        self.prompts[request_id] = prompt
+
+    def _take(self, rid: str, tok: int, prompt_rows: Any) -> list[Any]:
+        script, prompt, spoken = self.script[rid], self.prompts[rid], self.spoken[rid]
+        forced = script[len(self.reqs[rid].tokens)]
+        emits = super()._take(rid, forced, prompt_rows)  # the last token aborts: state gone
+        spoken += sum(1 for e in emits if e.to == self.speech_to)
+        self.spoken[rid] = spoken
+        if any(e.done for e in emits):
+            record = {"request_id": rid, "prompt": prompt, "spoken_tokens": spoken}
+            record["tokens"] = len(script)
+            record["spoken_text"] = self.tokenizer.decode(script[:spoken])  # what the talker got
+            with open(self.record_to, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.abort(rid)
+        return emits
+
+    def abort(self, request_id: str) -> None:
+        super().abort(request_id)
+        for d in (self.script, self.spoken, self.prompts):
+            d.pop(request_id, None)

@@ -2,7 +2,9 @@
 
 Items in: `{token_id, index, token_time, last}`. Outputs, one per token in token order:
 `{text, token_id, index, token_time}`, where `text` is what the token completes: "" for special
-tokens such as `<|im_end|>` and while a multi-byte character is unfinished. The request ends with
+tokens such as `<|im_end|>` and while a multi-byte character is unfinished; but a token marked
+`keep` (the thinker's `<tool_call>` and `</tool_call>` for a request with tools) comes through as
+its text, for the gateway to find the calls by. The request ends with
 the item marked `last` (or the end of the thinker's stream).
 """
 
@@ -42,7 +44,15 @@ class DecodeExecutor(HoldsRequests):
         self.reqs[request_id] = _Request(IncrementalDetokenizer(self._decode))
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
-        keys = ("token_id", "index", "token_time", "last", "prefill_tokens", "cached_tokens")
+        keys = (
+            "token_id",
+            "index",
+            "token_time",
+            "last",
+            "keep",
+            "prefill_tokens",
+            "cached_tokens",
+        )
         meta = {k: item[k] for k in keys if k in item}
         self.reqs[request_id].items.append(meta)
 
@@ -59,6 +69,8 @@ class DecodeExecutor(HoldsRequests):
             while r.items:
                 item = r.items.popleft()
                 text = r.detok.push(int(item["token_id"]))
+                if item.get("keep"):  # a function call's tag: the gateway cuts the call out
+                    text += str(self.tokenizer.convert_ids_to_tokens(int(item["token_id"])))
                 if item.get("last"):
                     text += r.detok.flush()
                     done = True

@@ -26,7 +26,9 @@ from realtime_omni.models.qwen3_omni.weights import model_dir
 from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
 
 Payload = dict[str, Any]
-THINKER_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "session_id")
+THINKER_FIELDS = (
+    "temperature", "top_p", "top_k", "seed", "max_tokens", "session_id", "text_only",
+)  # fmt: skip
 
 
 class PreprocessingExecutor:
@@ -84,12 +86,14 @@ class PreprocessingExecutor:
             image["pixel_values"] = np.asarray(enc["pixel_values"], dtype=np.float32)
             image["image_grid_thw"] = grid
         thinker = {**shared, **{k: payload[k] for k in THINKER_FIELDS if k in payload}}
+        if payload.get("tools"):
+            thinker["tool_calls"] = True  # <tool_call> then means a call, not words
         talker = dict(shared)
         talker.update(
             {
                 k: v
                 for k, v in payload.items()
-                if k in ("speaker", "session_id") or k.startswith("talker_")
+                if k in ("speaker", "session_id", "text_only") or k.startswith("talker_")
             }
         )
         return {
@@ -117,7 +121,20 @@ def encode_conversation(
                 images.append(np.asarray(payload[part["image"]], dtype=np.uint8))
             elif part["type"] != "text":
                 raise ValueError(f"content type {part['type']!r} (use text, audio, image)")
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if payload.get("tool_instruction"):  # how the session's tool_choice asks to use them
+        note = str(payload["tool_instruction"])
+        if messages and messages[0]["role"] == "system" and isinstance(messages[0]["content"], str):
+            messages = [
+                {**messages[0], "content": f"{messages[0]['content']}\n\n{note}"},
+                *messages[1:],
+            ]
+        else:
+            messages = [{"role": "system", "content": note}, *messages]
+    # The checkpoint's own template renders `tools` (Qwen3's <tools> block in the system turn),
+    # an assistant turn's `tool_calls` and the `tool` turns that answer them.
+    text = processor.apply_chat_template(
+        messages, tools=payload.get("tools") or None, tokenize=False, add_generation_prompt=True
+    )
     kw: dict[str, Any] = {}
     if audios:
         kw["audio"] = audios

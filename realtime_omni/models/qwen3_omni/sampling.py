@@ -102,3 +102,14 @@ def pick_batch(samplers: list[Sampler], logits: torch.Tensor) -> torch.Tensor:
     out = greedy.clone()
     out[hot] = order.gather(1, idx)[:, 0]
     return out
+
+
+def special_token_id(d: Path, content: str) -> int | None:
+    """The id of an added token (`<tool_call>`, say) in the checkpoint's `tokenizer.json`."""
+    path = d / "tokenizer.json"
+    if not path.is_file():
+        return None
+    for tok in json.loads(path.read_text()).get("added_tokens", []):
+        if tok.get("content") == content:
+            return int(tok["id"])
+    return None

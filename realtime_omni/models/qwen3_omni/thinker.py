@@ -12,7 +12,11 @@ text side projects), and with token 0 `prompt_rows` [U + 3, D]: for every user-t
 `accept_hidden_layer` output at audio/image/video positions and the input embedding elsewhere,
 then the input embeddings of the final `<|im_start|>assistant\\n`. The request ends after a stop
 token (`params.stop_token_ids`, default `<|im_end|>`) or `max_tokens` tokens, whichever is
-first; the last token carries `last: true` and is followed by `done`.
+first; the last token carries `last: true` and is followed by `done`. A `text_only` request
+sends nothing to the speech stage (its stream there just ends: the talker and code2wav do no
+work for it); nor does a request with tools (`tool_calls`) from its `<tool_call>` token on
+(`params.tool_call_token_id`, default the checkpoint's): a function call is written for the
+client, not said. Its tags go to decode marked `keep`, to stay in the text.
 
 Batching: one step decodes a token for every running request in one forward (up to the stage's
 `max_batch`), each request in its own row of a `SlotCache` with its own 3-D rope positions and
@@ -43,7 +47,12 @@ import torch
 
 from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
-from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
+from realtime_omni.models.qwen3_omni.sampling import (
+    Sampler,
+    checkpoint_defaults,
+    pick_batch,
+    special_token_id,
+)
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
 from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
@@ -62,6 +71,8 @@ class _Request:
     sampler: Sampler
     max_tokens: int
     session: str | None = None
+    text_only: bool = False  # a text answer (or one now writing a function call): no speech
+    tool_calls: bool = False  # tools were given: <tool_call> means a call
     row: int | None = None  # its SlotCache row, from the start of its prefill to its end
     embeds: torch.Tensor | None = None  # [L, D] the prompt's input embeddings, while prefilling
     pos: torch.Tensor | None = None  # [4, 1, L] its positions, while prefilling
@@ -105,6 +116,10 @@ class ThinkerExecutor(HoldsRequests):
         ckpt = checkpoint_defaults(d)
         eos = [self.cfg.im_end_token_id, *ckpt.get("eos_token_ids", [])]
         self.stop_ids = set(p.get("stop_token_ids") or eos)
+        # A function call is written, not said: from <tool_call> on, nothing goes to speech.
+        tags = [p.get("tool_call_token_id", special_token_id(d, "<tool_call>"))]
+        tags.append(p.get("tool_call_end_token_id", special_token_id(d, "</tool_call>")))
+        self.tool_call_id, self.tool_call_end_id = (int(t) if t is not None else None for t in tags)
         self.default_sampling = {
             k: p.get(k, ckpt.get(k, getattr(Sampler, k))) for k in ("temperature", "top_p", "top_k")
         }
@@ -147,6 +162,8 @@ class ThinkerExecutor(HoldsRequests):
             sampler=sampler,
             max_tokens=int(merged.get("max_tokens", self.default_max_tokens)),
             session=str(merged["session_id"]) if merged.get("session_id") else None,
+            text_only=bool(merged.get("text_only", False)),
+            tool_calls=bool(merged.get("tool_calls", False)),
         )
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
@@ -308,8 +325,11 @@ class ThinkerExecutor(HoldsRequests):
         if len(r.tokens) == 1:  # what the prompt cost: tokens prefilled, and taken from a kept turn
             meta["prefill_tokens"] = int(r.ids.shape[0]) - r.cached
             meta["cached_tokens"] = r.cached
+        if r.tool_calls and tok in (self.tool_call_id, self.tool_call_end_id):
+            meta["keep"] = True  # decode keeps the tag in the text, for the gateway
+            r.text_only = True  # the talker hears its stream end: what came before is said
         emits = [Emit(rid, dict(meta), to=self.text_to)]
-        if self.speech:
+        if self.speech and not r.text_only:
             speech: Payload = {**meta, "embed": self.embed.weight[tok]}  # weights: never written
             if prompt_rows is not None:
                 speech["prompt_rows"] = prompt_rows

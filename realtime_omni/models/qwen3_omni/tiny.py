@@ -26,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 SPECIAL_BASE = 1900  # tiny id of <|endoftext|>
 THINKER_VOCAB = 2048
 WIDTH = 64  # every transformer of the tiny model
+TINY_VERSION = 2  # bumped when what is built changes (2: the chat template renders tools)
 MARKER = "build_info.json"  # written last: its presence means the directory is complete
 
 # Real Qwen3-Omni added tokens, ids 151643..151675 in order; tiny id = 1900 + index.
@@ -49,9 +50,27 @@ WORDS = [
 ]  # fmt: skip
 
 # The chat template of the real checkpoint, reduced to what the runtime sends: string or list
-# content with text, audio and image parts.
+# content with text, audio and image parts; Qwen3's tools (a <tools> block in the system turn),
+# an assistant turn's tool calls, and `tool` turns (one user turn of <tool_response>s).
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and "
+    'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": '
+    '<function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n\' }}'
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if message['role'] == 'system' and tools and loop.first %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for c in message['content'] %}"
@@ -59,7 +78,12 @@ CHAT_TEMPLATE = (
     "{% elif c['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
     "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
     "{% endfor %}{% endif %}"
+    "{% for tc in message.get('tool_calls') or [] %}"
+    "{{ '\n<tool_call>\n{\"name\": \"' + tc['function']['name'] + '\", \"arguments\": ' }}"
+    "{{ tc['function']['arguments'] | tojson }}{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
     "{{ '<|im_end|>\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -74,7 +98,7 @@ SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}
 
 
 def default_dir(seed: int) -> Path:
-    return REPO_ROOT / ".cache" / f"tiny-qwen3-omni-{seed}"
+    return REPO_ROOT / ".cache" / f"tiny-qwen3-omni-{TINY_VERSION}-{seed}"
 
 
 def ensure_tiny(seed: int, cache_dir: str | os.PathLike[str] | None = None) -> Path:
