@@ -25,7 +25,7 @@ def new_id(prefix: str) -> str:
 @dataclass
 class Part:
     kind: str  # "text" | "audio" | "image"
-    text: str = ""
+    text: str = ""  # a text part's; an audio part's transcript, once made
     audio: np.ndarray | None = None  # 16 kHz mono float32 (user audio)
     image: np.ndarray | None = None  # uint8 [H, W, 3]
 
@@ -88,7 +88,7 @@ class Item:
             if p.kind == "text":
                 content.append({"type": "input_text", "text": p.text})
             elif p.kind == "audio":
-                content.append({"type": "input_audio", "transcript": None})
+                content.append({"type": "input_audio", "transcript": p.text or None})
             elif p.kind == "image":
                 content.append({"type": "input_image"})
         return {**base, "role": self.role, "content": content}

@@ -62,6 +62,7 @@ from realtime_omni.gateway.playout import Playout, Read
 from realtime_omni.gateway.protocol import ProtocolError
 from realtime_omni.gateway.responses import Responses, _Response
 from realtime_omni.gateway.settings import Settings, Voices
+from realtime_omni.gateway.transcribe import Transcriptions
 from realtime_omni.gateway.turns import Decision, TurnPolicy
 from realtime_omni.gateway.vad import (
     SAMPLE_RATE_HZ,
@@ -93,7 +94,7 @@ class Pipeline(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
 
-class Session(ClientEvents, Responses):
+class Session(ClientEvents, Responses, Transcriptions):
     def __init__(
         self,
         coord: Pipeline,
@@ -162,6 +163,7 @@ class Session(ClientEvents, Responses):
         self._barge_at: float | None = None  # when a barge-in flushed the queue
         self._video: np.ndarray | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._transcribe_lock = asyncio.Lock()  # one input transcription at a time
         self._closed = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -411,6 +413,7 @@ class Session(ClientEvents, Responses):
         prev = self._add(item)
         self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item_id)
         self._emit_item_added(item, prev)
+        self._transcribe_later(item)
 
     def _emit_item_added(self, item: Item, prev: str | None) -> None:
         self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())

@@ -44,8 +44,9 @@ class PayloadRecorder(SimulatedExecutor):
 class ScriptedThinker(ThinkerExecutor):
     """The real thinker (tiny weights, real prefill and decode steps, real emits) with its
     sampling replaced by a script, since random weights never call a tool: a turn whose prompt
-    holds a `<tool_response>` answers `params.answer`, any other turn says `params.call`
-    (which may hold a `<tool_call>`). Appends one JSON line per request to `params.record_to`:
+    holds a `<tool_response>` answers `params.answer`, a transcription request (the gateway's
+    instruction) `params.transcript`, any other turn says `params.call` (which may hold a
+    `<tool_call>`). Appends one JSON line per request to `params.record_to`:
     the prompt as text, and how many tokens went to the speech stage and what they say."""
 
     def __init__(self, ctx: StageContext) -> None:
@@ -55,6 +56,7 @@ class ScriptedThinker(ThinkerExecutor):
 
         self.tokenizer = load_processor(model_dir(ctx.model)).tokenizer
         self.call, self.answer = str(ctx.params["call"]), str(ctx.params["answer"])
+        self.transcript = str(ctx.params.get("transcript", "What is the weather in Paris?"))
         self.record_to = str(ctx.params["record_to"])
         self.script: dict[str, list[int]] = {}
         self.spoken: dict[str, int] = {}
@@ -64,7 +66,10 @@ class ScriptedThinker(ThinkerExecutor):
         super().add_request(request_id, inputs)
         r = self.reqs[request_id]
         prompt = self.tokenizer.decode(r.ids.tolist())
-        text = self.answer if "<tool_response>" in prompt else self.call
+        if "Transcribe the user's audio" in prompt:  # the gateway's input transcription
+            text = self.transcript
+        else:
+            text = self.answer if "<tool_response>" in prompt else self.call
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         self.script[request_id] = [*ids, min(self.stop_ids)]
         r.max_tokens = len(self.script[request_id])

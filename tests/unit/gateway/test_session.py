@@ -582,3 +582,30 @@ def test_a_barge_in_says_the_output_buffer_was_cleared_and_a_late_truncate_is_ke
         await s.close()
 
     run(body())
+
+
+def test_user_audio_is_transcribed_after_its_answer_starts_speaking() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=6, gap_s=0.01)
+        s = Session(coord)
+        td = {"audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}}
+        await s.handle({"type": "session.update", "session": {"turn_detection": None, **td}})
+        s.push_audio(np.full(4800, 0.1, np.float32), 24000)
+        await s.handle({"type": "input_audio_buffer.commit"})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: len(coord.payloads) == 2, read=480)
+        answer, tr = coord.payloads
+        assert "text_only" not in answer and tr["text_only"] is True
+        assert "Transcribe" in tr["messages"][0]["content"] and "en" in tr["messages"][0]["content"]
+        user = s.conversation.items[0]
+        assert np.array_equal(tr["audio_0"], user.parts[0].audio)  # the item's own audio
+        await settle(s, lambda: user.parts[0].text != "", read=480)
+        events = s.pending_events()
+        deltas = [e for e in events if e["type"].endswith("input_audio_transcription.delta")]
+        (done,) = [e for e in events if e["type"].endswith("input_audio_transcription.completed")]
+        assert deltas and done["item_id"] == user.id and done["transcript"] == user.parts[0].text
+        assert done["usage"]["type"] == "tokens"
+        assert user.to_openai()["content"][0]["transcript"] == done["transcript"]
+        await s.close()
+
+    run(body())
