@@ -10,8 +10,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
+# The third-party clients the e2e tests drive, each in an environment of its own (their
+# websockets pins clash with openai[realtime]'s): tests/e2e/clients/.
+CLIENTS := .cache/venvs
+
+install: $(BIN)/python $(CLIENTS)/agents/bin/python
 	$(BIN)/pip install -q -e ".[test,sip,aec]"
+
+$(CLIENTS)/agents/bin/python:
+	$(PY) -m venv $(CLIENTS)/agents
+	$(CLIENTS)/agents/bin/pip install -q "openai-agents==0.24.0"
 
 lint: install
 	$(BIN)/ruff check .

@@ -169,6 +169,12 @@ class ClientEvents:
         if item.role != "assistant":
             raise ProtocolError("only assistant items can be truncated", param="item_id")
         if self._response is not None and self._response.item is item:
+            if self._turns.paused:
+                # The client cut the answer where speech began over it (OpenAI's clients do,
+                # at speech_started): it took the speech for an interruption, so it goes on as
+                # the next turn instead of being judged a blip.
+                self._turns.reset()
+                self.playout.paused = False  # the next answer plays
             await self.cancel_response("client_cancelled")
         self._flush(item.id)
         if item.audio_ms < ms <= item.audio_ms + TRUNCATE_SLACK_MS:

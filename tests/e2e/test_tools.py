@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import websockets
 import yaml
@@ -167,6 +169,42 @@ def test_a_text_only_answer_leaves_the_talker_and_vocoder_idle(server: str, reco
             # Text only: at most the one step that ends the empty request, no forward.
             assert text_steps["thinker"] > 0
             assert text_steps["talker_ar"] <= 1 and text_steps["code2wav"] <= 1, text_steps
-            assert spoken_steps["talker_ar"] >= 5 and spoken_steps["code2wav"] >= 2, spoken_steps
+            # (random talker weights: a frame, then at least the step that ends it)
+            assert spoken_steps["talker_ar"] >= 2 and spoken_steps["code2wav"] >= 1, spoken_steps
 
     run(body(), 240)
+
+
+AGENTS_PY = ROOT / ".cache" / "venvs" / "agents" / "bin" / "python"
+
+
+def test_the_openai_agents_sdk_with_its_defaults_calls_the_tool_and_is_interrupted(
+    server: str, speech: Any, tmp_path: Path
+) -> None:
+    """The Agents SDK's realtime session, default settings (semantic_vad, transcription, the
+    voice "ash", tracing), one function tool: audio in, the tool's round trip, audio out, a
+    barge-in, and not one error event."""
+    if not AGENTS_PY.exists():
+        pytest.fail("the Agents SDK's environment is missing: run `make install`")
+    pcm = tmp_path / "speech.pcm"
+    pcm.write_bytes((np.clip(speech, -1, 1) * 32767).astype("<i2").tobytes())
+    url = server.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime"
+    script = ROOT / "tests" / "e2e" / "clients" / "agents_call.py"
+    proc = subprocess.Popen(
+        [str(AGENTS_PY), str(script), url, str(pcm)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout(120))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the Agents SDK's call did not end: {err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["errors"] == [], summary
+    assert [t["name"] for t in summary["tools"]] == ["get_weather"], summary
+    assert summary["audio"] > 0 and summary["interrupted"], summary
+    raw = summary["raw"]
+    assert "response.function_call_arguments.done" in raw
+    assert "conversation.item.input_audio_transcription.completed" in raw  # its default

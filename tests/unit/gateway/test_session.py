@@ -609,3 +609,26 @@ def test_user_audio_is_transcribed_after_its_answer_starts_speaking() -> None:
         await s.close()
 
     run(body())
+
+
+def test_a_client_truncating_the_answer_under_speech_makes_that_speech_the_next_turn() -> None:
+    """OpenAI's clients cut the answer at speech_started: that speech is an interruption by
+    their judgement, a turn even if it pauses like a backchannel."""
+
+    async def body() -> None:
+        coord = FakeCoord(chunks=400, gap_s=0.01)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        s.read_output(4800)
+        item_id = s.conversation.items[-1].id
+        speak(s, 6)  # paused over the answer
+        await s.handle(
+            {"type": "conversation.item.truncate", "item_id": item_id, "audio_end_ms": 100}
+        )
+        assert not s.playout.paused and s.active_response is None
+        silence(s, 20)  # a pause that would have made it a blip
+        assert "input_audio_buffer.committed" in types(s)
+        await s.close()
+
+    run(body())
