@@ -1,8 +1,10 @@
 // The call: one WebRTC peer connection to the gateway.
 //
-// Signalling: POST /v1/webrtc/offer {sdp, type: "offer"} -> {sdp, type: "answer", session_id},
-// sent once ICE gathering is complete (the answer carries the server's candidates inline; no
-// trickle). Media: the microphone (and the camera, when on at connect) go out; one audio track
+// Signalling: OpenAI's flow, POST /v1/realtime/calls with the offer as application/sdp -> 201,
+// the answer, Location: /v1/realtime/calls/<session id>; sent once ICE gathering is complete
+// (the answer carries the server's candidates inline; no trickle). A server with API keys wants
+// a client secret, which the page never mints itself (that takes a key): it comes in the page's
+// URL, `#client_secret=ek_...`, from whoever opened the page (an app's backend mints it). Media: the microphone (and the camera, when on at connect) go out; one audio track
 // comes back (48 kHz speech, silence when the bot says nothing). Events: the "oai-events" data
 // channel (channel.js).
 
@@ -82,10 +84,13 @@ async function call(mic) {
   setState("connecting", "Calling the server…");
   let response;
   try {
-    response = await fetch("/v1/webrtc/offer", {
+    const headers = { "Content-Type": "application/sdp" };
+    const secret = clientSecret();
+    if (secret) headers.Authorization = `Bearer ${secret}`;
+    response = await fetch("/v1/realtime/calls", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
+      headers,
+      body: pc.localDescription.sdp,
     });
   } catch (e) {
     throw new Error(`The server cannot be reached: ${e.message}`);
@@ -94,16 +99,22 @@ async function call(mic) {
     throw new Error(`The server refused the call (HTTP ${response.status}): ` +
       await reason(response));
   }
-  const answer = await response.json();
+  const answer = await response.text();
   if (pc !== thisPc) return;
-  omni.sessionId = answer.session_id || null;
-  await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+  omni.sessionId = (response.headers.get("Location") || "").split("/").pop() || null;
+  await pc.setRemoteDescription({ type: "answer", sdp: answer });
   setState("connecting", "Connecting media…");
   setTimeout(() => {
     if (pc === thisPc && !omni.connected) {
       fail("The media connection did not come up in time (ICE or DTLS failed).");
     }
   }, CONNECT_LIMIT_MS);
+}
+
+// The client secret the page was opened with (#client_secret=...), if any.
+function clientSecret() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  return params.get("client_secret");
 }
 
 // The error a refusing server gave, from its JSON body or its text.

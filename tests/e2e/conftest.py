@@ -101,3 +101,22 @@ def speech() -> np.ndarray:
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng); silero needs speech")
     x, rate = spoken
     return resample(x, rate, 24000)
+
+
+BROWSER_SPEECH = "Hello, how are you today?"
+
+
+@pytest.fixture(scope="session")
+def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake microphone: half a second of silence, the sentence, then 6 s of silence (Chromium
+    loops the file), 48 kHz mono 16-bit."""
+    for tool in ("espeak-ng", "sox"):
+        assert shutil.which(tool), f"{tool} is missing: apt-get install {tool} (.ci/run does)"
+    d = tmp_path_factory.mktemp("mic")
+    raw, out = d / "speech.wav", d / "mic.wav"
+    subprocess.run(["espeak-ng", "-w", str(raw), BROWSER_SPEECH], check=True)
+    subprocess.run(
+        ["sox", str(raw), "-r", "48000", "-c", "1", "-b", "16", str(out), "pad", "0.5", "6"],
+        check=True,
+    )
+    return out

@@ -195,3 +195,49 @@ def test_serving_the_network_without_keys_needs_a_flag() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "no authentication" in proc.stderr and "--allow-no-auth" in proc.stderr
+
+
+def test_the_demo_page_calls_with_a_client_secret_and_is_refused_without(
+    server: str, mic_wav: Path
+) -> None:
+    """The page's own flow: the secret an app's backend minted comes in its URL, the call goes
+    to /v1/realtime/calls; no secret, or one expired, and the server refuses the call."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.test_browser import CHROMIUM, chromium_flags
+
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed (apt-get install chromium; .ci/run does)")
+    secret = mint(server, {"max_output_tokens": 8}, seconds=10)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_flags(mic_wav)
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{server}/#client_secret={secret['value']}")
+            page.click("#connect")
+            page.wait_for_function(
+                "window.omni.connected && (window.omni.events['response.done'] || 0) >= 1"
+                " && window.omni.rx.maxPeak > 0.01",
+                timeout=timeout(30) * 1000,
+            )
+            state = page.evaluate("window.omni")
+            assert state["errors"] == [] and state["sessionId"].startswith("sess_"), state
+            page.click("#connect")  # hang up
+
+            def refused(url: str) -> list[str]:
+                other = browser.new_page()
+                other.goto(url)
+                other.click("#connect")
+                other.wait_for_function(
+                    "window.omni.state === 'failed'", timeout=timeout(15) * 1000
+                )
+                return list(other.evaluate("window.omni.errors"))
+
+            assert any("HTTP 401" in e for e in refused(server)), "a call without a secret"
+            time.sleep(max(0.0, secret["expires_at"] - time.time()) + 0.5)
+            late = refused(f"{server}/#client_secret={secret['value']}")
+            assert any("HTTP 401" in e for e in late), "a call with an expired secret"
+        finally:
+            browser.close()

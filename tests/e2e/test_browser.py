@@ -8,7 +8,6 @@ state is `window.omni` (see web/page.js).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from playwright.sync_api import ConsoleMessage, Page, sync_playwright
 from tests.conftest import timeout
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-SPEECH = "Hello, how are you today?"
 
 
 def chromium_flags(mic_wav: Path) -> list[str]:
@@ -35,22 +33,6 @@ def chromium_flags(mic_wav: Path) -> list[str]:
         "--disable-sync",
         "--no-first-run",
     ]
-
-
-@pytest.fixture(scope="module")
-def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fake microphone: half a second of silence, the sentence, then 6 s of silence (Chromium
-    loops the file), 48 kHz mono 16-bit."""
-    for tool in ("espeak-ng", "sox"):
-        assert shutil.which(tool), f"{tool} is missing: apt-get install {tool} (.ci/run does)"
-    d = tmp_path_factory.mktemp("mic")
-    raw, out = d / "speech.wav", d / "mic.wav"
-    subprocess.run(["espeak-ng", "-w", str(raw), SPEECH], check=True)
-    subprocess.run(
-        ["sox", str(raw), "-r", "48000", "-c", "1", "-b", "16", str(out), "pad", "0.5", "6"],
-        check=True,
-    )
-    return out
 
 
 def omni(page: Page) -> Any:
