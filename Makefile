@@ -14,12 +14,16 @@ $(BIN)/python:
 # websockets pins clash with openai[realtime]'s): tests/e2e/clients/.
 CLIENTS := .cache/venvs
 
-install: $(BIN)/python $(CLIENTS)/agents/bin/python
+install: $(BIN)/python $(CLIENTS)/agents/bin/python $(CLIENTS)/pipecat/bin/python
 	$(BIN)/pip install -q -e ".[test,sip,aec]"
 
 $(CLIENTS)/agents/bin/python:
 	$(PY) -m venv $(CLIENTS)/agents
 	$(CLIENTS)/agents/bin/pip install -q "openai-agents==0.24.0"
+
+$(CLIENTS)/pipecat/bin/python:
+	$(PY) -m venv $(CLIENTS)/pipecat
+	$(CLIENTS)/pipecat/bin/pip install -q "pipecat-ai==1.14.0"
 
 lint: install
 	$(BIN)/ruff check .

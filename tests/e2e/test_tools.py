@@ -175,7 +175,33 @@ def test_a_text_only_answer_leaves_the_talker_and_vocoder_idle(server: str, reco
     run(body(), 240)
 
 
-AGENTS_PY = ROOT / ".cache" / "venvs" / "agents" / "bin" / "python"
+CLIENTS = ROOT / ".cache" / "venvs"  # each third-party client's own environment (Makefile)
+AGENTS_PY = CLIENTS / "agents" / "bin" / "python"
+
+
+def run_client(python: Path, script: str, url: str, pcm: Path, cwd: Path) -> dict[str, Any]:
+    """A client script of tests/e2e/clients/ in its environment; the JSON summary it prints."""
+    if not python.exists():
+        pytest.fail(f"{python.parent.parent.name}'s environment is missing: run `make install`")
+    path = ROOT / "tests" / "e2e" / "clients" / script
+    proc = subprocess.Popen(
+        [str(python), str(path), url, str(pcm)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout(120))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{script} did not end: {err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def pcm_file(speech: Any, tmp_path: Path) -> Path:
+    pcm = tmp_path / "speech.pcm"
+    pcm.write_bytes((np.clip(speech, -1, 1) * 32767).astype("<i2").tobytes())
+    return pcm
 
 
 def test_the_openai_agents_sdk_with_its_defaults_calls_the_tool_and_is_interrupted(
@@ -184,27 +210,29 @@ def test_the_openai_agents_sdk_with_its_defaults_calls_the_tool_and_is_interrupt
     """The Agents SDK's realtime session, default settings (semantic_vad, transcription, the
     voice "ash", tracing), one function tool: audio in, the tool's round trip, audio out, a
     barge-in, and not one error event."""
-    if not AGENTS_PY.exists():
-        pytest.fail("the Agents SDK's environment is missing: run `make install`")
-    pcm = tmp_path / "speech.pcm"
-    pcm.write_bytes((np.clip(speech, -1, 1) * 32767).astype("<i2").tobytes())
     url = server.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime"
-    script = ROOT / "tests" / "e2e" / "clients" / "agents_call.py"
-    proc = subprocess.Popen(
-        [str(AGENTS_PY), str(script), url, str(pcm)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout(120))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"the Agents SDK's call did not end: {err[-3000:]}")
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])
+    summary = run_client(AGENTS_PY, "agents_call.py", url, pcm_file(speech, tmp_path), tmp_path)
     assert summary["errors"] == [], summary
     assert [t["name"] for t in summary["tools"]] == ["get_weather"], summary
     assert summary["audio"] > 0 and summary["interrupted"], summary
     raw = summary["raw"]
     assert "response.function_call_arguments.done" in raw
     assert "conversation.item.input_audio_transcription.completed" in raw  # its default
+
+
+def test_pipecats_openai_realtime_service_calls_the_tool_and_is_interrupted(
+    server: str, speech: Any, tmp_path: Path
+) -> None:
+    """Pipecat's OpenAI Realtime service in a pipeline with its context aggregators and no
+    transport: a first answer (its tool call), audio in, audio out, the tool's result, speech
+    over the answer; Pipecat stops reading at almost any error event, so none may come."""
+    url = server.replace("http://", "ws://") + "/v1/realtime"
+    python = CLIENTS / "pipecat" / "bin" / "python"
+    summary = run_client(python, "pipecat_call.py", url, pcm_file(speech, tmp_path), tmp_path)
+    assert summary["errors"] == [], summary
+    called = [t for t in summary["tools"] if "name" in t]
+    assert called == [{"name": "get_weather", "arguments": {"city": "Paris"}}], summary
+    frames = summary["frames"]
+    assert frames.get("FunctionCallResultFrame", 0) >= 1, frames
+    assert frames.get("TTSAudioRawFrame", 0) > 0, frames
+    assert frames.get("InterruptionFrame", 0) >= 1, frames  # the speech over the answer

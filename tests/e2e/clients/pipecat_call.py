@@ -5,7 +5,8 @@ Pipecat's OpenAI Realtime service, pointed at the server, in a pipeline with no 
 
 It speaks `speech.pcm` (24 kHz mono pcm16) into the pipeline as a microphone would, lets the
 registered tool run, then speaks again over the answer. Prints one JSON object: the errors
-Pipecat raised, the tools run, the audio frames that came out, the transcripts."""
+Pipecat raised, the tools run, the audio frames that came out, the transcripts, and how many
+frames of each type the pipeline passed."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ async def main(url: str, speech_path: str) -> dict[str, Any]:
         frames_to_send=frames,
         start_timeout=10.0,
     )
+    kinds: dict[str, int] = {}
+    for f in [*down, *up]:
+        kinds[type(f).__name__] = kinds.get(type(f).__name__, 0) + 1
+    out["frames"] = kinds
     for f in [*down, *up]:
         if isinstance(f, ErrorFrame):
             out["errors"].append(str(f.error)[:300])
