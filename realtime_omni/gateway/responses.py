@@ -142,6 +142,7 @@ class Responses:
             part={"type": "text", "text": ""} if text_only else {"type": "audio", "transcript": ""},
         )
         resp.task = asyncio.create_task(self._run(resp))
+        self._disarm_idle()
         return resp
 
     def _response_obj(self, resp: _Response, status: str, details: Any = None) -> dict[str, Any]:
@@ -290,6 +291,7 @@ class Responses:
         self._emit("conversation.item.done", item=item.to_openai())
         self._emit("response.done", response=self._response_obj(resp, status, details))
         self._last_response = resp.id
+        self._arm_idle()
 
     def _barge_in(self) -> None:
         """An interruption: silence from the next read, then cancel in the background."""

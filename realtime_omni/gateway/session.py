@@ -164,6 +164,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._video: np.ndarray | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._transcribe_lock = asyncio.Lock()  # one input transcription at a time
+        self._idle: asyncio.TimerHandle | None = None  # turn_detection.idle_timeout_ms's timer
         self._closed = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -192,6 +193,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         if self._closed:
             return
         self._closed = True
+        self._disarm_idle()
         with contextlib.suppress(OmniError):
             await self.cancel_response("client_cancelled")
         for t in [self._vad_task, *self._tasks]:
@@ -323,6 +325,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         if td is None:
             return
         if isinstance(ev, SpeechStarted):
+            self._disarm_idle()
             self._turn_item_id = new_id("item")
             self._turn_start_ms = ev.audio_start_ms
             self._emit(
@@ -335,6 +338,41 @@ class Session(ClientEvents, Responses, Transcriptions):
             return  # a discarded blip: its stop, if the VAD saw one, is no turn
         if isinstance(ev, SpeechStopped):
             self._on_speech_stopped(ev)
+
+    # ---- idle timeout ------------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        """An answer has been heard: with `idle_timeout_ms`, silence that long from now asks the
+        model to go on (OpenAI's server_vad idle timeout, for a caller gone quiet)."""
+        self._disarm_idle()
+        td = self.settings.turn_detection
+        if td is not None and td.idle_timeout_ms and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._idle = loop.call_later(td.idle_timeout_ms / 1000, self._idle_timeout)
+
+    def _disarm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_timeout(self) -> None:
+        self._idle = None
+        if self._response is not None or self._vad.speaking or self._closed:
+            return
+        start, end = self.input.start, self.input.end
+        pcm = self.input.slice(start, end)
+        item_id = new_id("item")
+        self._clear_input()
+        self._emit(
+            "input_audio_buffer.timeout_triggered",
+            audio_start_ms=start * 1000 // SAMPLE_RATE_HZ,
+            audio_end_ms=end * 1000 // SAMPLE_RATE_HZ,
+            item_id=item_id,
+        )
+        if len(pcm):  # what the microphone heard meanwhile (silence, or what VAD ignored)
+            self._commit_audio(pcm, item_id)
+        with contextlib.suppress(ProtocolError):  # the conversation too large: no answer
+            self._start_response({}, time.monotonic())
 
     def _gating(self) -> bool:
         """The echo gate is on (server VAD with `echo_gate`)."""

@@ -135,3 +135,19 @@ def test_a_person_who_starts_as_a_short_answer_ends_is_not_cut_up(
     far[: len(bot)] = bot
     g = gated(far, mic)[speechy(mic)]
     assert longest_run(g) <= 3, g.astype(int)  # at most a window or three at a quiet consonant
+
+
+def test_noise_reduction_suppresses_a_steady_noise_and_keeps_speech() -> None:
+    """`audio.input.noise_reduction`: WebRTC's noise suppressor, no echo canceller."""
+    pytest.importorskip("livekit")
+    aec = EchoCanceller.create(echo=False, noise=True)
+    assert aec is not None
+    noise = (np.random.default_rng(0).standard_normal(48000) * 0.03).astype(np.float32)
+    person = speech("Wait, stop, I have a question.")[:24000]
+    mic = noise.copy()
+    mic[24000 : 24000 + len(person)] += person
+    out = np.concatenate([aec.near(mic[i : i + 320]) for i in range(0, len(mic), 320)])
+    quiet = slice(12000, 24000)  # noise alone, once the suppressor has learnt it
+    assert level_db(out[quiet]) < level_db(mic[quiet]) - 6
+    said = slice(24000, 24000 + len(person))
+    assert level_db(out[said]) > level_db(person) - 6  # the person comes through

@@ -632,3 +632,32 @@ def test_a_client_truncating_the_answer_under_speech_makes_that_speech_the_next_
         await s.close()
 
     run(body())
+
+
+def test_idle_timeout_asks_for_an_answer_after_the_last_one_was_heard() -> None:
+    from dataclasses import replace
+
+    async def body() -> None:
+        coord = FakeCoord(chunks=2)
+        s = Session(coord)
+        td = s.settings.turn_detection
+        assert td is not None
+        # 50 ms instead of session.update's 5..30 s, to keep the test short
+        s.settings = replace(s.settings, turn_detection=replace(td, idle_timeout_ms=50))
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None, read=4800)
+        first = s.active_response
+        s.pending_events()
+        silence(s, 2)
+        await settle(s, lambda: s.active_response is not None or len(coord.payloads) > 1)
+        kinds = types(s)
+        assert kinds[0] == "input_audio_buffer.timeout_triggered", kinds
+        assert "response.created" in kinds and first is None
+        await settle(s, lambda: s.active_response is None, read=4800)
+        s.pending_events()
+        speak(s, 3)  # speech disarms it: no answer starts on its own
+        await asyncio.sleep(0.15)
+        assert "input_audio_buffer.timeout_triggered" not in types(s)
+        await s.close()
+
+    run(body())
