@@ -65,3 +65,49 @@ def test_insert_after_and_delete() -> None:
     c.delete("x")
     with pytest.raises(KeyError):
         c.get("x")
+
+
+def test_a_function_call_and_its_output_become_the_chat_templates_tool_turns() -> None:
+    from realtime_omni.gateway.protocol import PCM16, parse_item
+
+    c = Conversation()
+    c.add(Item("u", "user", [Part("text", text="Weather in Paris?")]))
+    said = Item("a", "assistant")
+    said.add_text(0.0, "Let me check.")
+    c.add(said)
+    call = parse_item(
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        PCM16,
+    )  # fmt: skip
+    c.add(call)
+    c.add(
+        parse_item({"type": "function_call_output", "call_id": "call_1", "output": "sunny"}, PCM16)
+    )
+    msgs = c.payload()["messages"]
+    assert msgs[1] == {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    }
+    assert msgs[2] == {"role": "tool", "content": "sunny"}
+    assert call.to_openai()["type"] == "function_call" and call.to_openai()["call_id"] == "call_1"
+
+
+def test_tool_choice_reaches_the_thinker() -> None:
+    from realtime_omni.gateway.responses import _tools_payload
+    from realtime_omni.gateway.settings import Tool
+
+    tools = (Tool("get_weather", "The weather", {"type": "object", "properties": {}}),)
+    auto = _tools_payload(tools, "auto")
+    assert [t["function"]["name"] for t in auto["tools"]] == ["get_weather"]
+    assert "tool_instruction" not in auto
+    assert _tools_payload(tools, "none") == {}  # no tools shown at all
+    assert "calling one of" in _tools_payload(tools, "required")["tool_instruction"]
+    named = _tools_payload(tools, {"type": "function", "name": "get_weather"})
+    assert "get_weather" in named["tool_instruction"]
