@@ -31,6 +31,10 @@ class Stage:
     # Ids of closed requests remembered so late payloads are dropped; bounded, oldest forgotten
     # first (a payload that late finds no state and starts nothing it can finish).
     MAX_CLOSED = 8192
+    # Requests waiting for their once-inputs, at most this many: a forged or stray message (a
+    # StreamEnd for a request that never comes) would otherwise leave an entry for ever. The
+    # oldest goes first, its payloads released; a real request is never that far behind.
+    MAX_PENDING = 4096
 
     def __init__(self, name: str, executor: Executor, wait_for: tuple[str, ...]) -> None:
         self.name = name
@@ -60,7 +64,7 @@ class Stage:
             self._call(rid, self.executor.add_item, rid, src, payload)
             release()
             return
-        p = self.pending.setdefault(rid, _Pending())
+        p = self._pending(rid)
         if once and src not in p.once:
             p.once[src] = (payload, release)
         else:
@@ -73,8 +77,16 @@ class Stage:
         if rid in self.started:
             self._call(rid, self.executor.end_stream, rid, src)
             return
-        self.pending.setdefault(rid, _Pending()).ended.append(src)
+        self._pending(rid).ended.append(src)
         self._maybe_start(rid)
+
+    def _pending(self, rid: str) -> _Pending:
+        p = self.pending.get(rid)
+        if p is None:
+            while len(self.pending) >= self.MAX_PENDING:
+                self.abort(next(iter(self.pending)))  # the oldest: releases what it held
+            p = self.pending[rid] = _Pending()
+        return p
 
     def _maybe_start(self, rid: str) -> None:
         p = self.pending[rid]

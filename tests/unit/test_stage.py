@@ -424,3 +424,19 @@ def test_an_abort_during_a_step_waits_for_the_step_and_drops_its_outputs() -> No
     out = stage.end_step(emits, None)
     assert ex.aborted == ["a"]
     assert [e.request_id for e in out] == ["b"]
+
+
+def test_stray_stream_ends_and_payloads_cannot_grow_the_pending_table(
+    log: list, ex: FakeExecutor, rel: Releases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forged StreamEnd (or a payload) for a request whose once-inputs never come left an
+    entry for ever; past MAX_PENDING the oldest goes, what it held released."""
+    monkeypatch.setattr(Stage, "MAX_PENDING", 8)
+    stage = Stage("c", ex, ("a",))
+    stage.on_data("held", "b", {}, rel("held"), once=False)  # an early item, waiting
+    for i in range(100):
+        stage.on_end(f"forged{i}", "b")
+    assert len(stage.pending) == 8 and "held" not in stage.pending
+    assert rel.count["held"] == 1  # its payload's credit went back
+    start(stage, rel, "real")  # a real request still starts
+    assert [c[1] for c in calls(log, "add_request")] == ["real"]
