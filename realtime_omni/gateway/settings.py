@@ -312,6 +312,8 @@ def parse_turn_detection(
             )
             eagerness = td.eagerness or "auto"
         vad = replace(vad, silence_duration_ms=EAGERNESS_SILENCE_MS[eagerness])
+    elif td.eagerness is not None:  # back from semantic_vad: its own default silence again
+        vad = replace(vad, silence_duration_ms=VadParams().silence_duration_ms)
     changes: dict[str, Any] = {}
     if "threshold" in v:
         x = f.take(lambda: _number(v["threshold"], f"{param}.threshold", 0, 1))

@@ -43,6 +43,8 @@ from realtime_omni.gateway.transports.webrtc import (
     MAX_OFFER_BYTES,
     SignallingError,
     WebRtcCalls,
+    end_call,
+    sdp_answer,
 )
 
 if TYPE_CHECKING:
@@ -141,21 +143,11 @@ async def create_call(request: Request) -> Response:
         call, answer = await calls.create(sdp, settings)
     except SignallingError as e:
         return e.response()
-    return Response(
-        answer,
-        status_code=201,
-        media_type="application/sdp",
-        headers={"Location": f"/v1/realtime/calls/{call.id}"},
-    )
+    return sdp_answer(answer, f"/v1/realtime/calls/{call.id}")
 
 
 async def hangup(request: Request) -> Response:
-    calls: WebRtcCalls = request.app.state.webrtc
-    call = calls.calls.get(request.path_params["call_id"])
-    if call is None:
-        return SignallingError(404, "no such call", "call_not_found").response()
-    await call.close()
-    return Response(status_code=200)
+    return await end_call(request, request.path_params["call_id"])
 
 
 async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None) -> None:

@@ -382,21 +382,27 @@ async def whip_endpoint(request: Request) -> Response:
         call, answer = await calls.create(await read_body(request))
     except SignallingError as e:
         return e.response()
+    return sdp_answer(answer, f"/v1/whip/{call.id}")
+
+
+def sdp_answer(answer: str, location: str) -> Response:
+    """201 with the answer as application/sdp and the call's URL (WHIP, OpenAI's calls)."""
     return Response(
-        answer,
-        status_code=201,
-        media_type="application/sdp",
-        headers={"Location": f"/v1/whip/{call.id}"},
+        answer, status_code=201, media_type="application/sdp", headers={"Location": location}
     )
 
 
-async def whip_delete_endpoint(request: Request) -> Response:
-    calls: WebRtcCalls = request.app.state.webrtc
-    call = calls.calls.get(request.path_params["session_id"])
+async def end_call(request: Request, call_id: str) -> Response:
+    """Hang up a call by its id (the session's): 200, or 404 for none."""
+    call = request.app.state.webrtc.calls.get(call_id)
     if call is None:
-        return SignallingError(404, "no such session", "session_not_found").response()
+        return SignallingError(404, "no such call", "call_not_found").response()
     await call.close()
     return Response(status_code=200)
+
+
+async def whip_delete_endpoint(request: Request) -> Response:
+    return await end_call(request, request.path_params["session_id"])
 
 
 def routes() -> list[Route]:

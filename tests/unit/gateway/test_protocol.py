@@ -132,6 +132,7 @@ def test_semantic_vad_maps_onto_server_vad_by_eagerness() -> None:
     assert got["low"] > got["medium"] == got["auto"] > got["high"]
     s = apply_session_update(s, {"turn_detection": {"type": "server_vad"}})
     assert s.turn_detection is not None and s.turn_detection.eagerness is None
+    assert s.turn_detection.vad.silence_duration_ms == 500  # server_vad's own again
 
 
 def test_voices_map_openai_names_onto_the_checkpoints_speakers() -> None:
