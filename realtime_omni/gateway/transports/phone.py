@@ -28,8 +28,8 @@ async def apply_settings(
     session: Session, config: PhoneConfig, route: str, params: dict[str, str]
 ) -> None:
     """The route's `session` settings, then the call's parameters (`instructions`, `voice`, and
-    `session`: a JSON session object) over them, as one `session.update`. A refused one is
-    logged and the call goes on with the server's defaults."""
+    `session`: a JSON session object) over them, applied as a `session.update` would be. Each
+    field refused is logged, and the call goes on with the others."""
     settings = config.session_for(route)
     if "session" in params:
         try:
@@ -42,9 +42,11 @@ async def apply_settings(
             settings = merge(settings, {key: params[key]})
     if settings:
         try:
-            await session.handle({"type": "session.update", "session": settings})
-        except ProtocolError as e:
-            log.warning("%s call: session settings refused: %s", route, e)
+            refused = session.configure(settings)
+        except ProtocolError as e:  # not an object at all
+            refused = [e]
+        for e in refused:  # the rest applied
+            log.warning("%s call: a session setting was refused: %s", route, e)
 
 
 def items_summary(session: Session) -> list[dict[str, Any]]:
