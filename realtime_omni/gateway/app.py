@@ -205,14 +205,24 @@ async def _stats(request: Request) -> Response:
     )
 
 
-def _process_stats() -> dict[str, int]:
+def _process_stats() -> dict[str, Any]:
     """The gateway process's threads, open file descriptors and UDP sockets (RTP, SIP, ICE):
-    what a call must give back when it ends."""
+    what a call must give back when it ends. `pool_threads`: of the threads, the event loop's
+    worker pool (`asyncio.to_thread`: base64, images, the VAD), which grows to its bound of
+    min(32, CPUs + 4) as work needs and keeps them."""
+    import threading
+
     import psutil
 
     proc = psutil.Process()
     udp = sum(1 for c in proc.net_connections(kind="udp"))
-    return {"threads": proc.num_threads(), "fds": proc.num_fds(), "udp_sockets": udp}
+    pool = sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+    return {
+        "threads": proc.num_threads(),
+        "pool_threads": pool,
+        "fds": proc.num_fds(),
+        "udp_sockets": udp,
+    }
 
 
 def _middleware(gw: Gateway) -> list[Middleware]:

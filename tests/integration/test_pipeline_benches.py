@@ -149,3 +149,13 @@ def test_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
         assert data["after"][key] == data["before"][key], key
     assert data["after"]["fds"] <= data["before"]["fds"] + 2
     assert "soak: clean" in stdout
+
+
+def test_gateway_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
+    """benchmarks/soak_gateway.py, briefly: polite callers' turns complete beside misbehaving
+    callers, and the server's sessions, credits, threads and fds are back afterwards."""
+    args = ("--seconds", "4", "--polite", "2", "--rude", "1", "--json", str(tmp_path / "s.json"))
+    data, stdout = bench("soak_gateway.py", *args, limit_s=120)
+    assert "soak_gateway: clean" in stdout, stdout
+    assert data["turns"] >= 2 and data["completed"] == data["turns"], data
+    assert data["rude_errors"] > 0 and data["polite_errors"] == 0, data

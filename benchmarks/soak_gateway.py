@@ -1,0 +1,239 @@
+"""Gateway soak: polite callers beside misbehaving ones, for a bounded time; afterwards the server
+is back where it started.
+
+Starts `realtime-omni serve` on the simulated config and, for `--seconds`, keeps `--polite`
+WebSocket callers asking questions (speech appended in real-time 20 ms pieces, server VAD, the
+answer read to its `response.done`) while `--rude` others misbehave in turn:
+
+- a message over the size limit, then JSON that does not parse, JSON nested 100,000 deep, an
+  event that is not an object, an unknown event type, a bad base64 append;
+- one valid append of 6 MB of audio and a 4000x4000 PNG in `conversation.item.create`;
+- a call that vanishes mid-turn (the socket dropped while its answer streams);
+- a call that never reads (its send buffer fills until the server drops it).
+
+Every polite turn must end with a completed response; each rude client must get `error` events
+(or be dropped) and never take the server down. The baseline is taken after one caller of each
+kind (what the server keeps once used, its executor's worker threads, is in it). Afterwards,
+with every caller gone: no session, nothing in flight, every credit free, and the gateway's
+threads, file descriptors and UDP sockets as before; RSS is reported.
+
+    python benchmarks/soak_gateway.py [--seconds 60] [--polite 4] [--rude 2] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import websockets
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from realtime_omni.clients.webrtc import espeak  # noqa: E402
+from realtime_omni.gateway.audio import float_to_pcm16, resample  # noqa: E402
+
+PIECE = 960  # bytes: 20 ms of 24 kHz pcm16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/v1/stats", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+async def idle(url: str, limit_s: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + limit_s
+    while True:
+        st = await asyncio.to_thread(stats, url)
+        done = (
+            st["sessions"] == 0 and st["in_flight"] == 0 and st["free_slots"] == st["total_slots"]
+        )
+        if done or time.monotonic() > deadline:
+            return st
+
+
+async def polite(url: str, speech: bytes, stop: float, out: dict[str, int]) -> None:
+    """Questions until `stop`, each answer read to its end."""
+    async with websockets.connect(url, max_size=1 << 24) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"max_output_tokens": 6}}))
+        while time.monotonic() < stop:
+            audio = speech + bytes(48000)  # the question, then 1 s of silence
+            for i in range(0, len(audio), PIECE):
+                piece = base64.b64encode(audio[i : i + PIECE]).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
+                await asyncio.sleep(0.02)
+            deadline = time.monotonic() + 20
+            while True:
+                ev = json.loads(
+                    await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic()))
+                )
+                if ev["type"] == "error":
+                    out["polite_errors"] += 1
+                if ev["type"] == "response.done":
+                    out["turns"] += 1
+                    out["completed"] += ev["response"]["status"] == "completed"
+                    break
+
+
+async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
+    try:
+        async with websockets.connect(url, max_size=1 << 24) as ws:
+            if kind == "garbage":
+                for msg in (
+                    "x" * (9 << 20),
+                    "{not json",
+                    "[" * 100_000 + "]" * 100_000,
+                    "[1, 2, 3]",
+                    json.dumps({"type": "no.such.event"}),
+                    json.dumps({"type": "input_audio_buffer.append", "audio": "!!!"}),
+                ):
+                    await ws.send(msg)
+                for _ in range(6):
+                    ev = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                    out["rude_errors"] += ev["type"] == "error"
+            elif kind == "heavy":
+                big = base64.b64encode(bytes(6 << 20)).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": big}))
+                await ws.send(json.dumps({"type": "conversation.item.create", "item": png_item()}))
+                await asyncio.sleep(1.0)
+            elif kind == "vanish":
+                await ws.send(json.dumps({"type": "response.create"}))
+                await asyncio.sleep(random.uniform(0.05, 0.6))
+                ws.transport.abort()  # no close handshake: the socket just goes
+            elif kind == "deaf":
+                await ws.send(json.dumps({"type": "session.update", "session": {}}))
+                for _ in range(3):
+                    await ws.send(json.dumps({"type": "response.create"}))
+                    await asyncio.sleep(0.5)
+                ws.transport.pause_reading()  # reads nothing more
+                await asyncio.sleep(3.0)
+        out["rude_" + kind] += 1
+    except (websockets.ConnectionClosed, OSError, TimeoutError):
+        out["rude_dropped"] += 1
+
+
+def png_item() -> dict[str, Any]:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 4000), (200, 30, 30)).save(buf, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_image", "image_url": url}],
+    }
+
+
+async def rude(url: str, stop: float, out: dict[str, int], seed: int) -> None:
+    """The kinds of misbehaviour in turn, each rude caller starting at another."""
+    kinds = ["garbage", "heavy", "vanish", "deaf"]
+    i = seed
+    while time.monotonic() < stop:
+        await rude_once(url, kinds[i % len(kinds)], out)
+        i += 1
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    spoken = espeak("What is the weather like today?")
+    if spoken is None:
+        raise SystemExit("espeak-ng is not installed")
+    speech = float_to_pcm16(resample(spoken[0], spoken[1], 24000))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(port),
+         "--max-sessions", str(args.polite + args.rude + 2),
+         "--config", str(ROOT / "configs" / "simulated-qwen3-omni.yaml")],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    while "serving" not in (line := proc.stdout.readline()):
+        if not line and proc.poll() is not None:
+            raise SystemExit("the server did not start")
+    base = f"http://127.0.0.1:{port}"
+    url = f"ws://127.0.0.1:{port}/v1/realtime"
+    server = psutil.Process(proc.pid)
+    try:
+        # Warm-up: one of each caller, so that what the server keeps for good once used (the
+        # worker threads of its executor, the decoders' buffers) is in the baseline.
+        warm = dict.fromkeys(["rude_errors", "rude_dropped", "turns", "completed"], 0)
+        warm |= {f"rude_{k}": 0 for k in ("garbage", "heavy", "vanish", "deaf")}
+        warm["polite_errors"] = 0
+        for kind in ("garbage", "heavy", "vanish", "deaf"):
+            await rude_once(url, kind, warm)
+        await polite(url, speech, time.monotonic() + 0.1, warm)
+        before = await idle(base)
+        rss0 = server.memory_info().rss
+        out = dict.fromkeys(
+            ["turns", "completed", "polite_errors", "rude_errors", "rude_dropped", "rude_garbage",
+             "rude_heavy", "rude_vanish", "rude_deaf"], 0,
+        )  # fmt: skip
+        t0 = time.monotonic()
+        stop = t0 + args.seconds
+        tasks = [polite(url, speech, stop, out) for _ in range(args.polite)]
+        tasks += [rude(url, stop, out, seed) for seed in range(args.rude)]
+        await asyncio.gather(*tasks)
+        elapsed = time.monotonic() - t0
+        after = await idle(base)
+        rss1 = server.memory_info().rss
+        assert proc.poll() is None, "the server died"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    g0, g1 = before["gateway_process"], after["gateway_process"]
+    # The event loop's worker pool grows to its bound as work needs and keeps its threads: not
+    # a leak; every other thread must have gone.
+    g0 = {**g0, "threads": g0["threads"] - g0["pool_threads"]}
+    g1 = {**g1, "threads": g1["threads"] - g1["pool_threads"]}
+    leaks = {k: (g0[k], g1[k]) for k in ("threads", "fds", "udp_sockets") if g1[k] > g0[k]}
+    left = {
+        "sessions": after["sessions"],
+        "in_flight": after["in_flight"],
+        "slots_lent": sum(after["total_slots"].values()) - sum(after["free_slots"].values()),
+    }
+    clean = not leaks and not any(left.values()) and out["completed"] == out["turns"] > 0
+    return {
+        "seconds": round(elapsed, 1),
+        **out,
+        "left": left,
+        "leaks": leaks,
+        "gateway_before": before["gateway_process"],
+        "gateway_after": after["gateway_process"],
+        "rss_mb": [round(rss0 / 2**20, 1), round(rss1 / 2**20, 1)],
+        "clean": clean,
+    }
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--polite", type=int, default=4)
+    p.add_argument("--rude", type=int, default=2)
+    p.add_argument("--json")
+    a = p.parse_args()
+    result = asyncio.run(main(a))
+    for k, v in result.items():
+        print(f"{k:16} {v}")
+    print("soak_gateway: clean" if result["clean"] else "soak_gateway: NOT CLEAN")
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1))
+    sys.exit(0 if result["clean"] else 1)
