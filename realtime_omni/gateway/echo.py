@@ -16,6 +16,7 @@ about -60 dBFS, for 6 ms of CPU per second of audio.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from collections import deque
@@ -54,6 +55,7 @@ class EchoCanceller:
             return None
 
     @staticmethod
+    @functools.cache
     def available() -> bool:
         """Whether LiveKit's bindings are installed (the `aec` extra)."""
         return importlib.util.find_spec("livekit") is not None

@@ -10,7 +10,7 @@ WebSocket that controls a call from a server.
                                        /v1/realtime/calls/<call_id>
     POST /v1/realtime/calls/<id>/hangup  end the call -> 200
     WS   /v1/realtime?call_id=<id>     the sideband: every event of that call's session, and
-                                       client events for it (`realtime_ws.py` routes it here)
+                                       client events for it (`realtime_ws.sideband`)
 
 A call made with a client secret starts with the secret's session settings, then the call's
 own `session` over them; with an API key, with the call's alone. Settings a call asks for that
@@ -22,8 +22,6 @@ the call goes on).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import email.parser
 import email.policy
 import json
@@ -33,17 +31,17 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.websockets import WebSocket
 
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
-from realtime_omni.gateway.protocol import event_id
+from realtime_omni.gateway.echo import EchoCanceller
 from realtime_omni.gateway.settings import Settings, apply_session_update
 from realtime_omni.gateway.transports.webrtc import (
     MAX_OFFER_BYTES,
     SignallingError,
     WebRtcCalls,
     end_call,
+    read_bytes,
     sdp_answer,
 )
 
@@ -59,21 +57,14 @@ def _refusal(status: int, message: str, code: str, param: str | None = None) -> 
     return JSONResponse({"error": body}, status_code=status)
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    out = bytearray()
-    async for chunk in request.stream():
-        out += chunk
-        if len(out) > limit:
-            raise SignallingError(413, f"the body is at most {limit} bytes", "too_large")
-    return bytes(out)
-
-
-def _check_settings(gw: Gateway, session: Any, where: str) -> None:
-    """Refuse (400) settings the server would not apply, naming the fields."""
-    _, refused = apply_session_update(Settings(), session, gw.voices, True)
+def _check_settings(gw: Gateway, session: Any, where: str) -> Settings:
+    """The settings a session would have from `session`; 400 for any the server would not
+    apply, naming the fields."""
+    s, refused = apply_session_update(Settings(), session, gw.voices, EchoCanceller.available())
     if refused:
         fields = "; ".join(str(e) for e in refused)
         raise SignallingError(400, f"{where}: {fields}", "invalid_session")
+    return s
 
 
 async def client_secrets(request: Request) -> Response:
@@ -81,7 +72,7 @@ async def client_secrets(request: Request) -> Response:
     if grant_of(request.scope).kind == "secret":
         return _refusal(403, "a client secret cannot mint others; use an API key", "forbidden")
     try:
-        data = json.loads(await _body(request, MAX_CALL_BODY) or b"{}")
+        data = json.loads(await read_bytes(request, MAX_CALL_BODY) or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError, SignallingError) as e:
         return _refusal(400, f"the body is not a JSON object: {e}", "invalid_json")
     if not isinstance(data, dict):
@@ -91,11 +82,10 @@ async def client_secrets(request: Request) -> Response:
     if ttl is not None and (not isinstance(ttl, int) or not 10 <= ttl <= 7200):
         return _refusal(400, "expires_after.seconds must be 10..7200", "invalid_value")
     try:
-        _check_settings(gw, session, "session")
+        shown = _check_settings(gw, session, "session")
     except SignallingError as e:
         return _refusal(400, str(e), "invalid_value", "session")
     value, expires_at = gw.auth.mint(session, ttl)
-    shown, _ = apply_session_update(Settings(), session, gw.voices, True)
     return JSONResponse(
         {"value": value, "expires_at": expires_at, "session": shown.to_openai("sess_pending")}
     )
@@ -120,7 +110,7 @@ async def create_call(request: Request) -> Response:
     grant = grant_of(request.scope)
     kind = request.headers.get("content-type", "")
     try:
-        body = await _body(request, MAX_CALL_BODY)
+        body = await read_bytes(request, MAX_CALL_BODY)
         if kind.split(";")[0].strip().lower() == "application/sdp":
             sdp, session = body.decode("utf-8", "replace"), {}
         elif kind.lower().startswith("multipart/form-data"):
@@ -148,51 +138,6 @@ async def create_call(request: Request) -> Response:
 
 async def hangup(request: Request) -> Response:
     return await end_call(request, request.path_params["call_id"])
-
-
-async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None) -> None:
-    """`/v1/realtime?call_id=`: a copy of the call's events, and client events for it."""
-    gw: Gateway = ws.app.state.gateway
-    call = ws.app.state.webrtc.calls.get(call_id)
-    if call is None:
-        await ws.close(code=1008, reason="no such call")
-        return
-    await ws.accept(subprotocol=subprotocol)
-    session = call.session
-    events = session.subscribe()
-    limit = gw.config.max_message_bytes
-
-    async def send(ev: dict[str, Any]) -> None:
-        ev = {"event_id": event_id(), **ev}
-        if gw.event_log is not None:
-            gw.event_log.write(session.id, "sideband", False, ev)
-        await asyncio.wait_for(ws.send_text(json.dumps(ev)), 10.0)
-
-    async def pump() -> None:
-        await send({"type": "session.updated", "session": session.settings.to_openai(session.id)})
-        while (ev := await events.get()) is not None:
-            await send(ev)
-
-    async def receive() -> None:
-        while True:
-            msg = await ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                return
-            raw = msg.get("text") or (msg.get("bytes") or b"").decode("utf-8", "replace")
-            if (err := await session.handle_text(raw, limit)) is not None:
-                await send(err)
-
-    tasks = [asyncio.create_task(pump()), asyncio.create_task(receive())]
-    ended = asyncio.create_task(call.ended.wait())
-    try:
-        await asyncio.wait([*tasks, ended], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        session.unsubscribe(events)
-        for t in [*tasks, ended]:
-            t.cancel()
-        await asyncio.gather(*tasks, ended, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await ws.close()
 
 
 def routes() -> list[Route]:

@@ -22,7 +22,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.protocol import error_event, event_id, for_beta
 from realtime_omni.gateway.session import Session
-from realtime_omni.gateway.transports.realtime_calls import sideband
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.app import Gateway
@@ -33,8 +32,11 @@ SEND_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
 
 
 class RealtimeConnection:
-    def __init__(self, ws: WebSocket, session: Session, gw: Gateway, beta: bool) -> None:
+    def __init__(
+        self, ws: WebSocket, session: Session, gw: Gateway, beta: bool, label: str = "websocket"
+    ) -> None:
         self.ws, self.session, self.gw, self.beta = ws, session, gw, beta
+        self.label = label  # the event log's name for the connection: websocket | sideband
         self._sent_s = 0.0  # audio seconds the last send_audio sent
 
     async def send(self, event: dict[str, Any]) -> None:
@@ -47,7 +49,7 @@ class RealtimeConnection:
             event = converted
         event = {"event_id": event_id(), **event}
         if self.gw.event_log is not None:
-            self.gw.event_log.write(self.session.id, "websocket", self.beta, event)
+            self.gw.event_log.write(self.session.id, self.label, self.beta, event)
         await asyncio.wait_for(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
 
     async def receive_loop(self) -> None:
@@ -117,6 +119,40 @@ class RealtimeConnection:
             )
 
 
+async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None, beta: bool) -> None:
+    """`/v1/realtime?call_id=`: a copy of a WebRTC call's events from now on, and client events
+    for its session (OpenAI's sideband connection); it ends with the call, the call goes on
+    without it."""
+    gw: Gateway = ws.app.state.gateway
+    call = ws.app.state.webrtc.calls.get(call_id)
+    if call is None:
+        await ws.close(code=1008, reason="no such call")
+        return
+    await ws.accept(subprotocol=subprotocol)
+    session = call.session
+    conn = RealtimeConnection(ws, session, gw, beta, label="sideband")
+    events = session.subscribe()
+
+    async def pump() -> None:
+        await conn.send(
+            {"type": "session.updated", "session": session.settings.to_openai(session.id)}
+        )
+        while (ev := await events.get()) is not None:
+            await conn.send(ev)
+
+    tasks = [asyncio.create_task(pump()), asyncio.create_task(conn.receive_loop())]
+    tasks.append(asyncio.create_task(call.ended.wait()))
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        session.unsubscribe(events)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await ws.close()
+
+
 async def realtime_endpoint(ws: WebSocket) -> None:
     gw: Gateway = ws.app.state.gateway
     # A browser's `realtime` subprotocol (its key rides in another, auth.py) is echoed back;
@@ -128,7 +164,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
     )
     call_id = ws.query_params.get("call_id")
     if call_id:
-        await sideband(ws, call_id, subprotocol)
+        await sideband(ws, call_id, subprotocol, beta)
         return
     await ws.accept(subprotocol=subprotocol)
     if len(gw.sessions) >= gw.config.max_sessions:

@@ -338,17 +338,24 @@ class WebRtcCalls:
 # ---- routes ----------------------------------------------------------------------------
 
 
-async def read_body(request: Request) -> str:
+async def read_bytes(request: Request, limit: int, what: str = "the body") -> bytes:
+    """The body, refused (413) past `limit` bytes before more than that is read."""
+    too_large = SignallingError(413, f"{what} is at most {limit} bytes", "too_large")
     size = request.headers.get("content-length", "")
-    if size.isdigit() and int(size) > MAX_OFFER_BYTES:
-        raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
+    if size.isdigit() and int(size) > limit:
+        raise too_large
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_OFFER_BYTES:
-            raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+async def read_body(request: Request) -> str:
+    """An offer's body as text (at most `MAX_OFFER_BYTES`)."""
     try:
-        return body.decode("utf-8")
+        return (await read_bytes(request, MAX_OFFER_BYTES, "an offer")).decode("utf-8")
     except UnicodeDecodeError:
         raise SignallingError(400, "the body is not UTF-8 text", "invalid_sdp") from None
 
