@@ -11,13 +11,20 @@ answer read to its `response.done`) while `--rude` others misbehave in turn:
 - a call that vanishes mid-turn (the socket dropped while its answer streams);
 - a call that never reads (its send buffer fills until the server drops it).
 
-Every polite turn must end with a completed response; each rude client must get `error` events
-(or be dropped) and never take the server down. The baseline is taken after one caller of each
-kind (what the server keeps once used, its executor's worker threads, is in it). Afterwards,
-with every caller gone: no session, nothing in flight, every credit free, and the gateway's
-threads, file descriptors and UDP sockets as before; RSS is reported.
+With `--kill-every S`, a random stage process is SIGKILLed every S seconds as well (the server
+restarts it, from its warm spare where the config has one).
 
-    python benchmarks/soak_gateway.py [--seconds 60] [--polite 4] [--rude 2] [--json PATH]
+Every polite turn must end with a completed response, or, when a stage it was on was killed,
+with a failed one whose error says so; each rude client must get `error` events (or be dropped)
+and never take the server down. The baseline is taken after one caller of each kind (what the
+server keeps once used, its executor's worker threads, is in it). The run is cut into
+`--rounds`; after each, with every caller gone: no session, nothing in flight, every credit
+free, the gateway's threads, file descriptors and UDP sockets and the shared-memory segments as
+before, and RSS no higher than after the first round by more than `RSS_SLACK` (the first round
+finds the allocator's high-water mark; a leak grows every round).
+
+    python benchmarks/soak_gateway.py [--seconds 60] [--rounds 3] [--polite 4] [--rude 2]
+                                      [--kill-every S] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import json
+import os
 import random
 import signal
 import socket
@@ -47,6 +56,7 @@ from realtime_omni.clients.webrtc import espeak  # noqa: E402
 from realtime_omni.gateway.audio import float_to_pcm16, resample  # noqa: E402
 
 PIECE = 960  # bytes: 20 ms of 24 kHz pcm16
+RSS_SLACK = 0.10  # of the first round's RSS: what heavy callers at random moments vary it by
 
 
 def free_port() -> int:
@@ -91,7 +101,14 @@ async def polite(url: str, speech: bytes, stop: float, out: dict[str, int]) -> N
                 if ev["type"] == "response.done":
                     out["turns"] += 1
                     out["completed"] += ev["response"]["status"] == "completed"
+                    out["failed_clearly"] += failed_clearly(ev["response"])
                     break
+
+
+def failed_clearly(response: dict[str, Any]) -> bool:
+    """A response that failed because a stage died, and says so."""
+    error = (response.get("status_details") or {}).get("error") or {}
+    return response["status"] == "failed" and "died" in str(error.get("message", ""))
 
 
 async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
@@ -153,6 +170,22 @@ async def rude(url: str, stop: float, out: dict[str, int], seed: int) -> None:
         i += 1
 
 
+async def killer(base: str, stop: float, every_s: float, out: dict[str, int]) -> None:
+    """SIGKILL a random stage process every `every_s` until `stop`."""
+    rng = random.Random(7)
+    while time.monotonic() + every_s < stop:
+        await asyncio.sleep(every_s)
+        pids = [p for p in (await asyncio.to_thread(stats, base))["pids"].values() if p]
+        if pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rng.choice(pids), signal.SIGKILL)
+                out["kills"] += 1
+
+
+def segments(server_pid: int) -> int:
+    return sum(1 for _ in Path("/dev/shm").glob(f"rto_{server_pid}_*"))
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     spoken = espeak("What is the weather like today?")
     if spoken is None:
@@ -175,26 +208,30 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         # Warm-up: one of each caller, so that what the server keeps for good once used (the
         # worker threads of its executor, the decoders' buffers) is in the baseline.
-        warm = dict.fromkeys(["rude_errors", "rude_dropped", "turns", "completed"], 0)
-        warm |= {f"rude_{k}": 0 for k in ("garbage", "heavy", "vanish", "deaf")}
-        warm["polite_errors"] = 0
+        out = dict.fromkeys(
+            ["turns", "completed", "failed_clearly", "polite_errors", "kills", "rude_errors",
+             "rude_dropped", "rude_garbage", "rude_heavy", "rude_vanish", "rude_deaf"], 0,
+        )  # fmt: skip
+        warm = dict(out)
         for kind in ("garbage", "heavy", "vanish", "deaf"):
             await rude_once(url, kind, warm)
         await polite(url, speech, time.monotonic() + 0.1, warm)
         before = await idle(base)
-        rss0 = server.memory_info().rss
-        out = dict.fromkeys(
-            ["turns", "completed", "polite_errors", "rude_errors", "rude_dropped", "rude_garbage",
-             "rude_heavy", "rude_vanish", "rude_deaf"], 0,
-        )  # fmt: skip
+        rss = [server.memory_info().rss]
+        shm = [segments(proc.pid)]
         t0 = time.monotonic()
-        stop = t0 + args.seconds
-        tasks = [polite(url, speech, stop, out) for _ in range(args.polite)]
-        tasks += [rude(url, stop, out, seed) for seed in range(args.rude)]
-        await asyncio.gather(*tasks)
+        for _ in range(args.rounds):
+            stop = time.monotonic() + args.seconds / args.rounds
+            tasks = [polite(url, speech, stop, out) for _ in range(args.polite)]
+            tasks += [rude(url, stop, out, seed) for seed in range(args.rude)]
+            if args.kill_every:
+                tasks.append(killer(base, stop, args.kill_every, out))
+            await asyncio.gather(*tasks)
+            after = await idle(base)
+            await asyncio.sleep(2.5)  # the heap is trimmed within 2 s of a session's end
+            rss.append(server.memory_info().rss)
+            shm.append(segments(proc.pid))
         elapsed = time.monotonic() - t0
-        after = await idle(base)
-        rss1 = server.memory_info().rss
         assert proc.poll() is None, "the server died"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -205,12 +242,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     g0 = {**g0, "threads": g0["threads"] - g0["pool_threads"]}
     g1 = {**g1, "threads": g1["threads"] - g1["pool_threads"]}
     leaks = {k: (g0[k], g1[k]) for k in ("threads", "fds", "udp_sockets") if g1[k] > g0[k]}
+    if shm[-1] != shm[0]:
+        leaks["segments"] = (shm[0], shm[-1])
+    if len(rss) > 2 and rss[-1] > rss[1] * (1 + RSS_SLACK):
+        leaks["rss_mb"] = (round(rss[1] / 2**20, 1), round(rss[-1] / 2**20, 1))
     left = {
         "sessions": after["sessions"],
         "in_flight": after["in_flight"],
         "slots_lent": sum(after["total_slots"].values()) - sum(after["free_slots"].values()),
     }
-    clean = not leaks and not any(left.values()) and out["completed"] == out["turns"] > 0
+    ended_well = out["completed"] + out["failed_clearly"] == out["turns"] > out["failed_clearly"]
+    clean = not leaks and not any(left.values()) and ended_well
     return {
         "seconds": round(elapsed, 1),
         **out,
@@ -218,7 +260,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "leaks": leaks,
         "gateway_before": before["gateway_process"],
         "gateway_after": after["gateway_process"],
-        "rss_mb": [round(rss0 / 2**20, 1), round(rss1 / 2**20, 1)],
+        "rss_mb": [round(r / 2**20, 1) for r in rss],  # at the start and after each round
+        "segments": shm,
         "clean": clean,
     }
 
@@ -226,6 +269,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--kill-every", type=float, default=0.0, help="seconds; 0: no stage killed")
     p.add_argument("--polite", type=int, default=4)
     p.add_argument("--rude", type=int, default=2)
     p.add_argument("--json")

@@ -34,6 +34,7 @@ from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Auth, AuthMiddleware
 from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
+from realtime_omni.gateway.memory import HeapTrimmer
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.session import Session, VadModel
 from realtime_omni.gateway.settings import Settings, Voices
@@ -73,6 +74,7 @@ class Gateway:
         self.voices = Voices(self.config.realtime.voices)
         rt = self.config.realtime
         self.auth = Auth(rt.api_keys(), rt.client_secret_ttl_s)  # no keys: nothing checked
+        self.trimmer = HeapTrimmer()
 
     async def start(self) -> None:
         if self.coord is None:
@@ -94,10 +96,11 @@ class Gateway:
             self.event_log.close()
 
     def forget(self, session: Session) -> None:
-        """A session ended: keep its measurements."""
+        """A session ended: keep its measurements, and give what it freed back to the system."""
         self.sessions.discard(session)
         for k, v in session.metrics.items():
             self.metrics.setdefault(k, deque(maxlen=v.maxlen)).extend(v)
+        self.trimmer.soon()
 
     def summary(self) -> dict[str, Any]:
         """p50/p99/n of each measurement over closed and live sessions."""
@@ -200,6 +203,7 @@ async def _stats(request: Request) -> Response:
             + (request.app.state.sip.stats() if request.app.state.sip else []),
             "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
             "gateway_process": _process_stats(),
+            "pids": {p: gw.coord.pid_of(p) for p in gw.coord.graph.local_processes()},
             "sip": request.app.state.sip.status() if request.app.state.sip else None,
         }
     )
