@@ -111,6 +111,35 @@ def failed_clearly(response: dict[str, Any]) -> bool:
     return response["status"] == "failed" and "died" in str(error.get("message", ""))
 
 
+async def typist(url: str, stop: float, out: dict[str, int], seed: int) -> None:
+    """Typed questions until `stop`, a third of them cancelled once their audio starts."""
+    rng = random.Random(seed)
+    text = {"type": "input_text", "text": "What is the weather like today?"}
+    item = {"type": "message", "role": "user", "content": [text]}
+    async with websockets.connect(url, max_size=1 << 24) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"max_output_tokens": 6}}))
+        while time.monotonic() < stop:
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            await ws.send(json.dumps({"type": "response.create"}))
+            cancel = rng.random() < 1 / 3
+            deadline = time.monotonic() + 20
+            while True:
+                ev = json.loads(
+                    await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic()))
+                )
+                if ev["type"] == "error":
+                    out["polite_errors"] += 1
+                if ev["type"] == "response.output_audio.delta" and cancel:
+                    await ws.send(json.dumps({"type": "response.cancel"}))
+                    cancel = False
+                if ev["type"] == "response.done":
+                    status = ev["response"]["status"]
+                    out["typed"] += 1
+                    out["typed_ended_well"] += status in ("completed", "cancelled")
+                    out["typed_ended_well"] += failed_clearly(ev["response"])
+                    break
+
+
 async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
     try:
         async with websockets.connect(url, max_size=1 << 24) as ws:
@@ -194,7 +223,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(port),
-         "--max-sessions", str(args.polite + args.rude + 2),
+         "--max-sessions", str(args.polite + args.typists + args.rude + 2),
          "--config", str(ROOT / "configs" / "simulated-qwen3-omni.yaml")],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
@@ -209,7 +238,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         # Warm-up: one of each caller, so that what the server keeps for good once used (the
         # worker threads of its executor, the decoders' buffers) is in the baseline.
         out = dict.fromkeys(
-            ["turns", "completed", "failed_clearly", "polite_errors", "kills", "rude_errors",
+            ["turns", "completed", "failed_clearly", "typed", "typed_ended_well",
+             "polite_errors", "kills", "rude_errors",
              "rude_dropped", "rude_garbage", "rude_heavy", "rude_vanish", "rude_deaf"], 0,
         )  # fmt: skip
         warm = dict(out)
@@ -223,6 +253,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.rounds):
             stop = time.monotonic() + args.seconds / args.rounds
             tasks = [polite(url, speech, stop, out) for _ in range(args.polite)]
+            tasks += [typist(url, stop, out, seed) for seed in range(args.typists)]
             tasks += [rude(url, stop, out, seed) for seed in range(args.rude)]
             if args.kill_every:
                 tasks.append(killer(base, stop, args.kill_every, out))
@@ -252,6 +283,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "slots_lent": sum(after["total_slots"].values()) - sum(after["free_slots"].values()),
     }
     ended_well = out["completed"] + out["failed_clearly"] == out["turns"] > out["failed_clearly"]
+    ended_well &= out["typed_ended_well"] == out["typed"]
     clean = not leaks and not any(left.values()) and ended_well
     return {
         "seconds": round(elapsed, 1),
@@ -272,6 +304,7 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--kill-every", type=float, default=0.0, help="seconds; 0: no stage killed")
     p.add_argument("--polite", type=int, default=4)
+    p.add_argument("--typists", type=int, default=4)
     p.add_argument("--rude", type=int, default=2)
     p.add_argument("--json")
     a = p.parse_args()

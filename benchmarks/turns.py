@@ -5,16 +5,19 @@ Starts `realtime-omni serve` on the simulated config with its vocoder speaking (
 instead of the tone) and calls it over the WebSocket API with `realtime_omni.clients.room`: the
 caller asks a question, the answer plays from a loudspeaker whose sound comes back into the
 microphone (late, quieter, with reverb), and 1.2 s into the answer the condition's sound is
-made. Each condition runs under two policies on the same corpus: `now` (pause first, abort after
-`min_interruption_ms`, the echo gate) and `before` (`min_interruption_ms: 0`, no echo gate:
-any speech start over the bot aborts it, as the server did until this policy).
+made. Each condition runs under the policies asked for on the same corpus: `now` (pause first,
+abort after `min_interruption_ms`, the echo gate), `before` (`min_interruption_ms: 0`, no echo
+gate: any speech start over the bot aborts it, as the server did until this policy) and
+`semantic` (`now` with `semantic_vad`: Smart Turn's real weights end the question's turn,
+instead of 500 ms of silence).
 
 Per condition and policy it prints: trials, false pauses (the answer stopped with nobody
 talking), false barge-ins (the answer aborted by something that is not an interruption), missed
 barge-ins (an interruption that did not abort it), onset -> the server stopped sending, onset
 -> abort acknowledged (`response.done` cancelled) and end of the question -> first audio.
 
-    python benchmarks/turns.py [--trials 4] [--conditions echo-12,interrupt,...] [--json PATH]
+    python benchmarks/turns.py [--trials 4] [--conditions echo-12,interrupt,...]
+                               [--policies now,before,semantic] [--smart-turn DIR] [--json PATH]
 
 Needs espeak-ng.
 """
@@ -58,7 +61,17 @@ GAP_S = 0.12  # no audio delta for this long during an answer: it paused
 POLICIES = {
     "now": {},
     "before": {"min_interruption_ms": 0, "echo_gate": False},
+    # `now`, with the turn's end decided by Smart Turn (--smart-turn) instead of 500 ms of silence
+    "semantic": {"type": "semantic_vad", "eagerness": "auto"},
 }
+# Smart Turn v3's real weights, as pipecat-ai's wheel ships them (`make install` builds that
+# client environment for the e2e tests): nothing is downloaded.
+PIPECAT_SMART_TURN = next(
+    (ROOT / ".cache" / "venvs" / "pipecat" / "lib").glob(
+        "python3*/site-packages/pipecat/audio/turn/smart_turn/data"
+    ),
+    None,
+)
 
 
 @dataclass(frozen=True)
@@ -225,9 +238,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def speaking_config(tmp: Path) -> Path:
+def speaking_config(tmp: Path, smart_turn: Path | None) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     cfg["stages"]["code2wav"]["params"]["speech_text"] = BOT_SPEECH
+    if smart_turn is not None:
+        cfg["realtime"] = {"smart_turn_dir": str(smart_turn)}
     path = tmp / "speaking.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -239,14 +254,23 @@ def main() -> None:
     parser.add_argument("--conditions", help="comma-separated names; default: all")
     parser.add_argument("--policies", default="now,before")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--smart-turn",
+        type=Path,
+        default=PIPECAT_SMART_TURN,
+        help="directory of Smart Turn's ONNX model, for the semantic policy (default: the one "
+        "pipecat-ai's wheel ships, in .cache/venvs/pipecat)",
+    )
     args = parser.parse_args()
+    if "semantic" in args.policies.split(",") and args.smart_turn is None:
+        raise SystemExit("the semantic policy needs --smart-turn DIR (Smart Turn's ONNX model)")
     wanted = args.conditions.split(",") if args.conditions else [c.name for c in CONDITIONS]
     conditions = [c for c in CONDITIONS if c.name in wanted]
     corpus = Corpus()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(port),
-               "--config", str(speaking_config(Path(tmp)))]  # fmt: skip
+               "--config", str(speaking_config(Path(tmp), args.smart_turn))]  # fmt: skip
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         try:

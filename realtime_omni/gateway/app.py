@@ -36,7 +36,7 @@ from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.memory import HeapTrimmer
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
-from realtime_omni.gateway.session import Session, VadModel
+from realtime_omni.gateway.session import EndOfTurnModel, Session, VadModel
 from realtime_omni.gateway.settings import Settings, Voices
 from realtime_omni.gateway.transports import media_stream, realtime_calls
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
@@ -69,6 +69,7 @@ class Gateway:
         self.sessions: set[Session] = set()
         self.metrics: dict[str, deque[float]] = {}  # of closed sessions, as Session.metrics
         self.vad_factory: Callable[[], VadModel] | None = None  # set by start()
+        self.end_of_turn: EndOfTurnModel | None = None  # set by start(), with smart_turn_dir
         self.exporter = Exporter()  # /metrics
         self.event_log = EventLog.open(self.config.event_log)  # serve --event-log
         self.voices = Voices(self.config.realtime.voices)
@@ -86,6 +87,12 @@ class Gateway:
             from realtime_omni.gateway.vad import SileroVad
 
             self.vad_factory = (await asyncio.to_thread(SileroVad)).stream
+        if self.config.realtime.smart_turn_dir:
+            from realtime_omni.gateway.end_of_turn import SmartTurn
+
+            self.end_of_turn = await asyncio.to_thread(
+                SmartTurn, self.config.realtime.smart_turn_dir
+            )
 
     async def close(self) -> None:
         for s in list(self.sessions):
@@ -125,6 +132,7 @@ class Gateway:
         return Session(
             self.coord,
             vad_factory=self.vad_factory,
+            end_of_turn=self.end_of_turn,
             settings=Settings(model=model),
             output_rate_hz=output_rate_hz,
             max_lead_ms=self.config.max_lead_ms,

@@ -96,7 +96,7 @@ class ClientEvents:
         changed = s.turn_detection != self.settings.turn_detection
         self.settings = s
         if changed:
-            self._vad = ServerVad(s.turn_detection.vad if s.turn_detection else None)
+            self._vad = ServerVad(self._vad_params())
             self._clear_input()
         self._set_echo_cancellation()
         return refused

@@ -160,6 +160,12 @@ class RealtimeConfig(_Strict):
     cors_origins: list[str] = Field(
         default_factory=list, description="origins browsers may call from; ['*']: any"
     )
+    smart_turn_dir: str | None = Field(
+        None,
+        description="directory holding Smart Turn v3's ONNX model (smart-turn-v3*.onnx; "
+        "pipecat-ai's wheel ships one): semantic_vad then ends a turn when it sounds complete "
+        "(gateway/end_of_turn.py); None: semantic_vad is a silence set by its eagerness",
+    )
 
     def api_keys(self) -> frozenset[str]:
         raw = os.environ.get(self.api_keys_env, "")

@@ -48,6 +48,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -57,6 +58,7 @@ from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.client_events import ClientEvents, _error
 from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Part, new_id
 from realtime_omni.gateway.echo import EchoCanceller, EchoGate
+from realtime_omni.gateway.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
 from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
 from realtime_omni.gateway.protocol import ProtocolError
@@ -69,6 +71,7 @@ from realtime_omni.gateway.vad import (
     ServerVad,
     SpeechStarted,
     SpeechStopped,
+    VadParams,
     Windower,
 )
 from realtime_omni.logs import SESSION
@@ -82,6 +85,12 @@ VAD_WINDOWS_PER_PASS = 32  # 1 s of 32 ms windows judged per model pass
 class VadModel(Protocol):
     async def probs(self, windows: list[np.ndarray]) -> list[float]: ...
     def reset(self) -> None: ...
+
+
+class EndOfTurnModel(Protocol):
+    """`end_of_turn.SmartTurn`: P(the turn is complete) for a turn's 16 kHz audio."""
+
+    async def complete(self, audio: np.ndarray) -> float: ...
 
 
 class Pipeline(Protocol):
@@ -100,6 +109,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         coord: Pipeline,
         *,
         vad_factory: Callable[[], VadModel] | None = None,
+        end_of_turn: EndOfTurnModel | None = None,
         settings: Settings | None = None,
         output_rate_hz: int | None = None,
         max_lead_ms: float = 2000.0,
@@ -141,9 +151,9 @@ class Session(ClientEvents, Responses, Transcriptions):
         self.audio_written = asyncio.Event()  # set on every playout write; a sender may clear it
         self._vad_factory = vad_factory
         self._vad_model: VadModel | None = None
-        self._vad = ServerVad(
-            self.settings.turn_detection.vad if self.settings.turn_detection else None
-        )
+        self._eot_model = end_of_turn  # semantic_vad's end-of-turn model; None: silence only
+        self._vad = ServerVad(self._vad_params())
+        self._eot = EndOfTurn(vad=self._vad.params.threshold)
         self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
         self._aec: EchoCanceller | None = None  # made at start() when the settings want one
         self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
@@ -184,6 +194,22 @@ class Session(ClientEvents, Responses, Transcriptions):
         have = (self._aec.echo, self._aec.noise) if self._aec is not None else (False, False)
         if (echo, noise) != have:
             self._aec = EchoCanceller.create(echo, noise) if echo or noise else None
+
+    def _semantic(self) -> bool:
+        """semantic_vad with an end-of-turn model: the model may end a turn before the VAD."""
+        td = self.settings.turn_detection
+        return td is not None and td.eagerness is not None and self._eot_model is not None
+
+    def _vad_params(self) -> VadParams | None:
+        """The VAD's rules: the session's, with semantic_vad's longest silence where an
+        end-of-turn model decides before it."""
+        td = self.settings.turn_detection
+        if td is None:
+            return None
+        if self._semantic():
+            assert td.eagerness is not None
+            return replace(td.vad, silence_duration_ms=SEMANTIC_TIMEOUT_MS[td.eagerness])
+        return td.vad
 
     def _turn_params(self) -> Any:
         td = self.settings.turn_detection
@@ -273,6 +299,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._vad_samples = self.input.end
         self._vad = ServerVad(self._vad.params)
         self._vad.elapsed_ms = self.input.end * 1000 / SAMPLE_RATE_HZ
+        self._eot.reset()
         self._windower = Windower()
         self._turn_item_id = None
         self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
@@ -324,6 +351,10 @@ class Session(ClientEvents, Responses, Transcriptions):
         ev = self._vad.feed(prob)
         if td is None:
             return
+        if self._semantic() and (ask := self._eot.feed(prob, ev)) is not None:
+            start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
+            end = int(self._vad.elapsed_ms * SAMPLE_RATE_HZ / 1000)  # what the VAD has judged
+            self._track(self._judge_end_of_turn(ask, self.input.slice(start, end)))
         if isinstance(ev, SpeechStarted):
             self._disarm_idle()
             self._turn_item_id = new_id("item")
@@ -338,6 +369,19 @@ class Session(ClientEvents, Responses, Transcriptions):
             return  # a discarded blip: its stop, if the VAD saw one, is no turn
         if isinstance(ev, SpeechStopped):
             self._on_speech_stopped(ev)
+
+    async def _judge_end_of_turn(self, ask: Ask, audio: np.ndarray) -> None:
+        """The speech paused: if the end-of-turn model hears the turn complete, it ends now."""
+        assert self._eot_model is not None
+        try:
+            p = await self._eot_model.complete(audio)
+        except Exception:
+            log.exception("session %s: the end-of-turn model failed; silence decides", self.id)
+            return
+        log.debug("session %s: end of turn? p=%.2f", self.id, p)
+        if self._eot.answer(ask, p) and self._vad.speaking and not self._turns.paused:
+            self._eot.reset()
+            self._on_speech_stopped(self._vad.stop())
 
     # ---- idle timeout ------------------------------------------------------------------
 

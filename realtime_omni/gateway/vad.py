@@ -81,6 +81,12 @@ class ServerVad:
                 return SpeechStopped(round(self.elapsed_ms))
         return None
 
+    def stop(self) -> SpeechStopped:
+        """End the turn in progress now (the end-of-turn model heard it complete)."""
+        self.speaking = False
+        self._silence_start_ms = None
+        return SpeechStopped(round(self.elapsed_ms))
+
     def reset(self) -> None:
         """Forget a turn in progress (the input buffer was cleared); time goes on."""
         self.speaking = False

@@ -380,7 +380,10 @@ class Worker:
                     payload = self.inlet.open(item.msg, item.frames or [])
                 except (OSError, ValueError, RequestError) as e:
                     item.release()
-                    stage.fail(item.request_id, f"cannot read payload from {item.src}: {e}")
+                    why = str(e)
+                    if isinstance(e, FileNotFoundError):  # only a writer's death unlinks its slots
+                        why = "its process died before it was read"
+                    stage.fail(item.request_id, f"cannot read payload from {item.src}: {why}")
                     continue
             stage.on_data(item.request_id, item.src, payload or {}, item.release, item.once)
             self._report_failures(stage)

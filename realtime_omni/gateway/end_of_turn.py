@@ -1,0 +1,174 @@
+"""Semantic end of turn: has the person finished what they were saying? (`semantic_vad`)
+
+    eot = EndOfTurn()
+    for prob, vad_event in windows:                       # one per 32 ms VAD window
+        if (ask := eot.feed(prob, vad_event)) is not None:
+            p = await model.complete(turn_audio)          # Smart Turn, off the event loop
+            if eot.answer(ask, p):
+                ...                                       # end the turn now
+
+The silence rule (`vad.ServerVad`) ends a turn after a fixed silence, whatever was said. With
+`semantic_vad` and an end-of-turn model, the session asks the model once the speech has paused
+for `probe_ms`: if the utterance sounds complete, the turn ends then, sooner than any fixed
+silence would; if it trails off ("I was thinking that maybe..."), the turn waits on, up to the
+eagerness' longest silence (OpenAI's 8, 4 and 2 s for low, medium and high), which the VAD then
+enforces. Speech that resumes before the answer comes makes the answer stale.
+
+`EndOfTurn` is the decision (no I/O, no model); `SmartTurn` runs Pipecat's Smart Turn v3 (open
+weights, BSD 2-clause, ONNX) with onnxruntime: the last 8 s of the turn's 16 kHz audio as 80
+Whisper log-mel bands by 800 frames in, the probability that the turn is complete out. It loads
+from the directory `realtime.smart_turn_dir` names; nothing is downloaded. `log_mel` computes
+those features in numpy, as Whisper's feature extractor does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from realtime_omni.errors import ConfigError
+from realtime_omni.gateway.vad import WINDOW_MS, ServerVad, SpeechStarted, SpeechStopped
+
+SAMPLE_RATE_HZ = 16000
+SECONDS = 8  # what Smart Turn sees: the turn's last 8 s, zero-padded in front
+N_FFT, HOP, N_MELS = 400, 160, 80
+FRAMES = SECONDS * SAMPLE_RATE_HZ // HOP  # 800
+
+# eagerness -> the longest silence that may follow speech before the turn ends anyway
+SEMANTIC_TIMEOUT_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """Run the end-of-turn model on the turn so far; answer with this token."""
+
+    token: int
+
+
+class EndOfTurn:
+    """States: `idle` (no turn), `speaking`, `paused` (speech then `probe_ms` of silence: the
+    model was asked once; a new ask needs speech again)."""
+
+    def __init__(self, probe_ms: float = 200.0, threshold: float = 0.5, vad: float = 0.5) -> None:
+        self.probe_ms = probe_ms
+        self.threshold = threshold  # P(complete) above this ends the turn
+        self.vad = vad  # the VAD's threshold: what counts as speech and as silence
+        self.speaking = False
+        self.asked = False
+        self.silence_ms = 0.0
+        self.token = 0  # the current question; an answer to another is stale
+
+    def feed(
+        self, prob: float, event: SpeechStarted | SpeechStopped | None, window_ms: float = WINDOW_MS
+    ) -> Ask | None:
+        if isinstance(event, SpeechStarted):
+            self.speaking, self.asked, self.silence_ms = True, False, 0.0
+            return None
+        if isinstance(event, SpeechStopped) or not self.speaking:
+            self.reset()
+            return None
+        if prob >= self.vad:
+            if self.asked:  # they went on talking: whatever the model says is about less
+                self.token += 1
+            self.asked, self.silence_ms = False, 0.0
+        elif prob < self.vad - ServerVad.HYSTERESIS:
+            self.silence_ms += window_ms
+            if self.silence_ms >= self.probe_ms and not self.asked:
+                self.asked = True
+                self.token += 1
+                return Ask(self.token)
+        return None
+
+    def answer(self, ask: Ask, p_complete: float) -> bool:
+        """The model's answer to `ask`: True when the turn ends now."""
+        return (
+            ask.token == self.token and self.asked and self.speaking and p_complete > self.threshold
+        )
+
+    def reset(self) -> None:
+        """No turn in progress (it ended, or the input was cleared); stale answers stay so."""
+        self.speaking = self.asked = False
+        self.silence_ms = 0.0
+        self.token += 1
+
+
+def _mel_filters() -> np.ndarray:
+    """Slaney-scale triangular filters with Slaney area normalisation, 0-8 kHz: (80, 201)."""
+
+    def mel(f: np.ndarray) -> np.ndarray:
+        log_part = 15 + 27 * np.log(np.maximum(f, 1e-9) / 1000) / np.log(6.4)
+        return np.where(f < 1000, 3 * f / 200, log_part)
+
+    def hz(m: np.ndarray) -> np.ndarray:
+        return np.where(m < 15, 200 * m / 3, 1000 * np.exp((m - 15) * np.log(6.4) / 27))
+
+    edges = hz(np.linspace(mel(np.array(0.0)), mel(np.array(SAMPLE_RATE_HZ / 2)), N_MELS + 2))
+    freqs = np.linspace(0, SAMPLE_RATE_HZ / 2, N_FFT // 2 + 1)
+    lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    tri = np.maximum(0, np.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)))
+    return (tri * (2 / (hi - lo))).astype(np.float32)
+
+
+_FILTERS = _mel_filters()
+_WINDOW = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
+
+
+def log_mel(audio: np.ndarray) -> np.ndarray:
+    """Smart Turn's input for 16 kHz float audio: its last 8 s, zero-padded in front, scaled to
+    zero mean and unit variance, as Whisper's log-mel (80, 800) float32."""
+    n = SECONDS * SAMPLE_RATE_HZ
+    x = np.asarray(audio, np.float32).reshape(-1)[-n:]
+    x = np.pad(x, (n - len(x), 0))
+    x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)
+    x = np.pad(x, N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:FRAMES]
+    power = np.abs(np.fft.rfft(frames * _WINDOW, axis=1)) ** 2
+    spec = np.log10(np.maximum(_FILTERS @ power.T, 1e-10))
+    spec = np.maximum(spec, spec.max() - 8.0)
+    return ((spec + 4.0) / 4.0).astype(np.float32)
+
+
+class SmartTurn:
+    """One Smart Turn v3 model for every session (`complete` runs one question at a time, in a
+    worker thread: ~10-30 ms on one core). Construct it in a thread: it loads the model."""
+
+    def __init__(self, directory: str | Path) -> None:
+        import onnxruntime as ort
+
+        d = Path(directory)
+        found = sorted(d.glob("smart-turn*.onnx")) or sorted(d.glob("*.onnx"))
+        if not found:
+            raise ConfigError(
+                f"realtime.smart_turn_dir = {str(d)!r} holds no ONNX model. Fix: put Smart "
+                "Turn's smart-turn-v3*.onnx there (pipecat-ai's wheel ships one under "
+                "pipecat/audio/turn/smart_turn/data/), or leave the field unset"
+            )
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1  # the gateway's cores are the calls' media
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.path = found[-1]
+        self._session = ort.InferenceSession(
+            str(self.path), opts, providers=["CPUExecutionProvider"]
+        )
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1 or list(inputs[0].shape)[1:] != [N_MELS, FRAMES]:
+            got = [(i.name, i.shape) for i in inputs]
+            raise ConfigError(
+                f"{self.path} is not a Smart Turn v3 model: its inputs are {got}, "
+                f"not one of shape [batch, {N_MELS}, {FRAMES}]"
+            )
+        self._input = inputs[0].name
+        self._lock = asyncio.Lock()
+
+    def predict(self, audio: np.ndarray) -> float:
+        """P(the turn is complete) for 16 kHz audio. Blocking: call it off the event loop."""
+        out = self._session.run(None, {self._input: log_mel(audio)[None]})[0]
+        return float(np.asarray(out).reshape(-1)[0])
+
+    async def complete(self, audio: np.ndarray) -> float:
+        async with self._lock:
+            return await asyncio.to_thread(self.predict, audio)
