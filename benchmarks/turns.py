@@ -290,10 +290,10 @@ def main() -> None:
     cols = ("false_pause", "false_barge_in", "missed_barge_in", "onset_to_silence_ms_p50",
             "onset_to_abort_ms_p50", "end_of_speech_to_audio_ms_p50")  # fmt: skip
     heads = ("false pause", "false barge", "missed", "onset>silent", "onset>abort", "eos>audio")
-    print(f"\n{'condition':20} {'policy':7} {'n':>3} " + " ".join(f"{h:>12}" for h in heads))
+    print(f"\n{'condition':20} {'policy':8} {'n':>3} " + " ".join(f"{h:>12}" for h in heads))
     for r in rows:
         cells = " ".join(f"{'-' if r[k] is None else r[k]:>12}" for k in cols)
-        print(f"{r['condition']:20} {r['policy']:7} {r['trials']:>3} {cells}")
+        print(f"{r['condition']:20} {r['policy']:8} {r['trials']:>3} {cells}")
     print(
         "\nonset: the caller's first frame of the sound; silent: the server's last audio before "
         "the answer paused; eos: the end of the question; targets: no false barge-in from echo "

@@ -70,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         "(for debugging a client)",
     )
     serve.add_argument(
+        "--drain-s",
+        type=float,
+        default=25.0,
+        help="on SIGTERM, /readyz turns 503 and new sessions are refused at once; live calls go "
+        "on up to this many seconds, then end, then the server exits (0: end them at once; a "
+        "second SIGTERM or SIGINT: at once too)",
+    )
+    serve.add_argument(
         "--allow-no-auth",
         action="store_true",
         help="serve a non-loopback --host without API keys (REALTIME_OMNI_API_KEYS unset): only "
@@ -129,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
         sip=sip.model_copy(update={"port": args.sip_port}) if args.sip_port is not None else None,
         event_log=args.event_log,
         allow_no_auth=args.allow_no_auth,
+        drain_s=args.drain_s,
     )
     asyncio.run(serve(server.pipeline, args.host, args.port, gw))
     return 0

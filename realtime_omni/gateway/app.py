@@ -16,12 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
+import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -76,6 +80,7 @@ class Gateway:
         rt = self.config.realtime
         self.auth = Auth(rt.api_keys(), rt.client_secret_ttl_s)  # no keys: nothing checked
         self.trimmer = HeapTrimmer()
+        self.draining = False  # SIGTERM: no new session; live ones go on (`serve`'s drain)
 
     async def start(self) -> None:
         if self.coord is None:
@@ -101,6 +106,22 @@ class Gateway:
             await self.coord.close()
         if self.event_log is not None:
             self.event_log.close()
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a new session cannot start now, as (message, code); None: it can."""
+        if self.draining:
+            return (
+                "the server is shutting down and takes no new sessions; connect again (a load "
+                "balancer sends you to another server)",
+                "server_draining",
+            )
+        if len(self.sessions) >= self.config.max_sessions:
+            return (
+                f"the server is at its limit of {self.config.max_sessions} sessions; try again "
+                "later",
+                "too_many_sessions",
+            )
+        return None
 
     def forget(self, session: Session) -> None:
         """A session ended: keep its measurements, and give what it freed back to the system."""
@@ -167,10 +188,12 @@ async def _prometheus(request: Request) -> Response:
 
 
 async def _ready(request: Request) -> Response:
-    """200 while every stage process is up and ready; 503 while one is down or restarting."""
+    """200 while every stage process is up and ready; 503 while one is down or restarting, and
+    from the moment a SIGTERM starts the drain (a load balancer then sends no new calls)."""
     gw: Gateway = request.app.state.gateway
-    ready = gw.coord is not None and gw.coord.ready
-    return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+    ready = gw.coord is not None and gw.coord.ready and not gw.draining
+    body = {"ready": ready, "draining": gw.draining}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 async def _stats(request: Request) -> Response:
@@ -311,8 +334,6 @@ async def serve(
     """Run the app on uvicorn until SIGINT/SIGTERM; prints one line with the URL when ready."""
     import socket
 
-    import uvicorn
-
     from realtime_omni.pipeline.worker import freeze_start_up
 
     try:  # fail now, not after the stage processes took their time to start
@@ -332,7 +353,9 @@ async def serve(
             "--allow-no-auth if something in front of it authenticates"
         )
     app = create_app(pipeline, cfg)
-    server = uvicorn.Server(
+    server = _DrainingServer(
+        app.state.gateway,
+        cfg.drain_s,
         uvicorn.Config(
             app,
             host=host,
@@ -341,12 +364,13 @@ async def serve(
             ws="websockets-sansio",
             ws_max_size=2 * cfg.max_message_bytes,  # beyond our own limit, so ours answers first
             lifespan="on",
-        )
+        ),
     )
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
     if server.started:
+        server.loop = asyncio.get_running_loop()
         # The VAD model, aiortc and the coordinator: ~200k objects, whose full pass took ~170 ms
         # here, a stall of every call's audio.
         app.state.gc_frozen = freeze_start_up()
@@ -360,6 +384,42 @@ async def serve(
             f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}{note}", flush=True
         )
     await task
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, with SIGTERM draining first: `/readyz` answers 503 and new sessions
+    are refused at once (`Gateway.refusal`); live sessions go on until they end or `drain_s`
+    passes; then the usual shutdown ends what is left (WebSockets closed, WebRTC and phone calls
+    hung up, the stages stopped) and the process exits. SIGINT, or a second SIGTERM, shuts down
+    at once, as uvicorn does."""
+
+    def __init__(self, gw: Gateway, drain_s: float, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.gw, self.drain_s = gw, drain_s
+        self.loop: asyncio.AbstractEventLoop | None = None  # set once serving
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self.gw.draining or self.loop is None or self.drain_s <= 0:
+            super().handle_exit(sig, frame)
+            return
+        self.gw.draining = True  # /readyz and new sessions see it from now on
+        self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        n = len(self.gw.sessions)
+        print(
+            f"realtime-omni: draining: {n} live session(s), up to {self.drain_s:g} s; new "
+            "sessions refused (SIGINT or SIGTERM again: stop now)",
+            flush=True,
+        )
+        deadline = time.monotonic() + self.drain_s
+        while self.gw.sessions and time.monotonic() < deadline and not self.should_exit:
+            await asyncio.sleep(0.1)
+        if self.gw.sessions:
+            log.warning(
+                "drain: %d session(s) live at the deadline; ending them", len(self.gw.sessions)
+            )
+        self.should_exit = True
 
 
 def _loopback(host: str) -> bool:

@@ -195,6 +195,9 @@ class GatewayConfig:
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # the file's `realtime:`
     # Serve another address than loopback with no API keys (something in front authenticates).
     allow_no_auth: bool = False
+    # SIGTERM: /readyz 503 and new sessions refused at once, live ones go on up to this many
+    # seconds, then end and the process exits (`app.serve`); 0: end them at once.
+    drain_s: float = 25.0
     # Every server event sent, one JSON line each, audio left out (`event_log.py`); None: off.
     event_log: str | None = None
 

@@ -57,6 +57,8 @@ def serving(
             str(config),
             "--event-log",
             str(events),
+            "--drain-s",  # what a test leaves open delays its teardown no more than this
+            "5",
             *args,
         ],
         stdout=subprocess.PIPE,

@@ -30,3 +30,25 @@ def test_docker_compose_config_accepts_the_file() -> None:
         capture_output=True, text=True, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="no docker-compose here")
+def test_the_load_balanced_profile_is_valid_and_drains_before_docker_kills() -> None:
+    done = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "--profile", "lb", "config"],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    haproxy = (ROOT / "docs" / "examples" / "haproxy.cfg").read_text()
+    assert "bind 127.0.0.1:" in haproxy and "option httpchk GET /readyz" in haproxy
+    for name in ("tiny-a", "tiny-b"):
+        cmd = services[name]["command"]
+        port = cmd[cmd.index("--port") + 1]
+        assert f"127.0.0.1:{port} check" in haproxy, f"{name} is not behind the balancer"
+    from realtime_omni.gateway.config import GatewayConfig
+
+    for name, svc in services.items():
+        if "serve" in svc.get("command", []):  # docker's SIGKILL must come after the drain
+            grace = svc.get("stop_grace_period", "10s")
+            assert float(str(grace).rstrip("s")) > GatewayConfig().drain_s + 10, name

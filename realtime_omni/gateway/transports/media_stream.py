@@ -395,10 +395,8 @@ class PhoneCall:
                 self.dialect.name, start.call_id,
             )  # fmt: skip
             return False
-        if len(gw.sessions) >= gw.config.max_sessions:
-            log.warning(
-                "%s call %s refused: at the session limit", self.dialect.name, start.call_id
-            )
+        if (refused := gw.refusal()) is not None:
+            log.warning("%s call %s refused: %s", self.dialect.name, start.call_id, refused[0])
             return False
         self.start = start
         if start.codec == "alaw":

@@ -167,14 +167,11 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await sideband(ws, call_id, subprotocol, beta)
         return
     await ws.accept(subprotocol=subprotocol)
-    if len(gw.sessions) >= gw.config.max_sessions:
-        err = error_event(
-            f"the server is at its limit of {gw.config.max_sessions} sessions; try again later",
-            "too_many_sessions",
-            kind="server_error",
-        )
+    if (refused := gw.refusal()) is not None:
+        message, code = refused
+        err = error_event(message, code, kind="server_error")
         await ws.send_text(json.dumps({"event_id": event_id(), **err}))
-        await ws.close(code=1013, reason="too many sessions")
+        await ws.close(code=1013, reason=code.replace("_", " "))  # 1013: try again later
         return
     session = gw.new_session(model=ws.query_params.get("model") or "qwen3-omni")
     grant = grant_of(ws.scope)

@@ -385,8 +385,9 @@ if pj is not None:
 
         async def run(self) -> None:
             server, gw = self.server, self.server.gw
-            if len(gw.sessions) >= gw.config.max_sessions:
-                server._post(lambda: self.respond(486))
+            if (refused := gw.refusal()) is not None:
+                busy = refused[1] == "too_many_sessions"
+                server._post(lambda: self.respond(486 if busy else 503))  # 503: draining
                 return
             s = gw.new_session(output_rate_hz=RATE_HZ, transport="sip")
             s.heard_ms, s.on_flush, s.on_pause = self.heard_ms, self.flush, self.pause

@@ -274,17 +274,12 @@ class WebRtcCalls:
         """A call for this offer, and its answer; `settings` (a session object: a client
         secret's, a call's) apply before `session.created`. `SignallingError` on refusal; a
         refused or failed offer leaves nothing behind."""
-        limit = self.gw.config.max_sessions
-        if len(self.gw.sessions) >= limit:
+        if (refused := self.gw.refusal()) is not None:
             # An offer that never connected (no ICE yet) yields its place to a new one, oldest
             # first: unanswered POSTs cannot lock callers out for CONNECT_TIMEOUT_S each.
             pending = [c for c in self.calls.values() if not c.connected.is_set()]
-            if not pending:
-                raise SignallingError(
-                    503,
-                    f"the server is at its limit of {limit} sessions; try again later",
-                    "too_many_sessions",
-                )
+            if not pending or self.gw.draining:
+                raise SignallingError(503, *refused)
             old = pending[0]
             self.forget(old)  # out of the registry and the count now; it closes in the background
             self.gw.sessions.discard(old.session)
