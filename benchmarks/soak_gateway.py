@@ -3,7 +3,8 @@ is back where it started.
 
 Starts `realtime-omni serve` on the simulated config and, for `--seconds`, keeps `--polite`
 WebSocket callers asking questions (speech appended in real-time 20 ms pieces, server VAD, the
-answer read to its `response.done`) while `--rude` others misbehave in turn:
+answer read to its `response.done`) and `--typists` typing theirs (a third cancelled once their
+audio starts), while `--rude` others misbehave in turn:
 
 - a message over the size limit, then JSON that does not parse, JSON nested 100,000 deep, an
   event that is not an object, an unknown event type, a bad base64 append;
@@ -23,8 +24,8 @@ free, the gateway's threads, file descriptors and UDP sockets and the shared-mem
 before, and RSS no higher than after the first round by more than `RSS_SLACK` (the first round
 finds the allocator's high-water mark; a leak grows every round).
 
-    python benchmarks/soak_gateway.py [--seconds 60] [--rounds 3] [--polite 4] [--rude 2]
-                                      [--kill-every S] [--json PATH]
+    python benchmarks/soak_gateway.py [--seconds 60] [--rounds 3] [--polite 4] [--typists 4]
+                                      [--rude 2] [--kill-every S] [--json PATH]
 """
 
 from __future__ import annotations

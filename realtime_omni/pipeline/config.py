@@ -57,6 +57,12 @@ class StageConfig(_Strict):
         default=None, description="A key of `hosts`; null runs the stage on this machine."
     )
     replicas: int = Field(default=1, ge=1, le=64, description="Processes serving this stage.")
+    resources: dict[str, float] | None = Field(
+        default=None,
+        description="With `runtime.placement: ray`: what one process of this stage reserves "
+        "({'GPU': 1}, {'CPU': 2}, a custom resource); default a GPU per CUDA device its process "
+        "group names, else one CPU.",
+    )
     threads: int = Field(default=1, ge=1, le=256, description="torch/BLAS threads per process.")
     max_batch: int = Field(
         default=32,
@@ -140,6 +146,22 @@ class RuntimeConfig(_Strict):
         "Z85 characters, the same on every host; `realtime-omni keygen` makes one). Required "
         "with `hosts`: over TCP every control-plane connection is authenticated and encrypted "
         "with it. Never put the key in the file.",
+    )
+    placement: Literal["local", "ray"] = Field(
+        default="local",
+        description="local: this server starts the stage processes (on other `hosts`, they are "
+        "started by hand); ray: a Ray cluster places and supervises them "
+        "(`pipeline/ray_placement.py`, the `ray` extra; `serve --ray ADDRESS` sets it).",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="With placement ray: the cluster to join (ray.init's address); None: the "
+        "RAY_ADDRESS environment variable, else a local Ray started for this server.",
+    )
+    ray_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        default="PACK",
+        description="Ray's placement-group strategy over the stage process groups: PACK keeps "
+        "them on few nodes (shared memory between them), SPREAD over many.",
     )
     stage_nice: int = Field(
         default=0,

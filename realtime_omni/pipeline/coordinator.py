@@ -47,6 +47,7 @@ from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import PipelineConfig
 from realtime_omni.pipeline.graph import Graph, group_of
+from realtime_omni.pipeline.ray_placement import RayPlacement, RayProcess
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload, copy_payload
 from realtime_omni.pipeline.shm import (
     OwnerLock,
@@ -149,7 +150,9 @@ class Coordinator:
         self.owner_pid = os.getpid()
         self.epochs = {p: 0 for p in self.graph.processes()}
         self.ipc_dir: Path | None = None
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Stage processes this coordinator started: Popen here, RayProcess with placement ray.
+        self._procs: dict[str, subprocess.Popen[bytes] | RayProcess] = {}
+        self._ray: RayPlacement | None = None
         self._ready: dict[str, asyncio.Future[None]] = {}
         self._peer_up_waiting: dict[str, set[str]] = {}
         self._peer_up_done: dict[str, asyncio.Future[None]] = {}
@@ -175,10 +178,15 @@ class Coordinator:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        rt = self.cfg.runtime
+        if rt.placement == "ray":  # where Ray puts the stages decides hosts, sockets and edges
+            self._ray = await asyncio.to_thread(RayPlacement, self.cfg)
+            self.cfg, self.graph = self._ray.config, Graph(self._ray.config)
+            if self.graph.use_tcp and not os.environ.get(rt.curve_secret_env):
+                os.environ[rt.curve_secret_env] = sockets.keygen()  # this deployment's own key
         self.secret = sockets.curve_secret(self.cfg)  # before anything is made that needs undoing
         clean_stale_segments()
         self._owner_lock = OwnerLock(self.owner_pid)  # our segments are not stale while we run
-        rt = self.cfg.runtime
         if rt.ipc_dir:
             self.ipc_dir = Path(rt.ipc_dir)
             self.ipc_dir.mkdir(parents=True, exist_ok=True)
@@ -206,9 +214,10 @@ class Coordinator:
         self._recv_task = asyncio.create_task(self._receive())
         self._stop_monitor = threading.Event()
         try:
+            started = self.graph.processes() if self._ray else self.graph.local_processes()
             for p in self.graph.processes():
                 self._ready[p] = self.loop.create_future()
-                if p in self.graph.local_processes():
+                if p in started:
                     self._spawn(p)
             await self._wait_ready(list(self._ready), rt.ready_timeout_s)
         except BaseException:
@@ -217,11 +226,13 @@ class Coordinator:
         self._monitor = threading.Thread(target=self._watch, name="rto-monitor", daemon=True)
         self._monitor.start()
         self._healthy.set()
-        if rt.warm_spares and rt.restart_stages:
+        if rt.warm_spares and rt.restart_stages and self._ray is None:
             for p in self.graph.local_processes():
                 self._spawn_spare(p)
 
-    def _spawn(self, process: str, epoch: int | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, process: str, epoch: int | None = None
+    ) -> subprocess.Popen[bytes] | RayProcess:
         assert self.ipc_dir is not None
         args = WorkerArgs(
             config=self.cfg.model_dump(),
@@ -232,11 +243,27 @@ class Coordinator:
             ipc_dir=str(self.ipc_dir),
             owner_pid=self.owner_pid,
         )
-        env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
-        proc = subprocess.Popen([sys.executable, "-m", "realtime_omni.pipeline.worker"], env=env)
+        proc: subprocess.Popen[bytes] | RayProcess
+        if self._ray is not None:  # its group's actor runs it, on the node Ray chose
+            key = self.cfg.runtime.curve_secret_env
+            env = {key: os.environ[key]} if key in os.environ else {}
+            proc = self._ray.start(process, args, ARGS_ENV, env)
+            self._track(self._watch_ray(process, proc))
+        else:
+            env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
+            cmd = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
+            proc = subprocess.Popen(cmd, env=env)
         if epoch is None:
             self._procs[process] = proc
         return proc
+
+    async def _watch_ray(self, process: str, proc: RayProcess) -> None:
+        """A Ray-run process is dead when its actor's `wait` returns (or its actor, or its
+        node, died)."""
+        with contextlib.suppress(Exception):
+            await proc.exited
+        if self._procs.get(process) is proc:
+            self._on_death(process)
 
     def _spawn_spare(self, process: str) -> None:
         """Start a spare of `process` on an epoch of its own; its Ready marks it loaded."""
@@ -308,6 +335,8 @@ class Coordinator:
             self.zmq.term()
         if self.ipc_dir is not None and self._own_ipc_dir:
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        if self._ray is not None:
+            await asyncio.to_thread(self._ray.close)
 
     async def __aenter__(self) -> Coordinator:
         await self.start()
@@ -569,6 +598,8 @@ class Coordinator:
         try:
             while not self._stop_monitor.is_set():
                 for p, pr in list(self._procs.items()):
+                    if not isinstance(pr, subprocess.Popen):
+                        continue  # run by Ray, perhaps on another node: `_watch_ray`
                     if pr.pid not in fds:
                         with contextlib.suppress(ProcessLookupError):
                             fds[pr.pid] = (os.pidfd_open(pr.pid), p)

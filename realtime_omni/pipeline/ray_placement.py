@@ -1,0 +1,233 @@
+"""Stage processes placed and supervised by Ray (`runtime.placement: ray`, `serve --ray ADDR`).
+
+    placement = RayPlacement(cfg)              # ray.init; a placement group, one bundle a group
+    cfg = placement.config                     # `hosts` and each stage's `host`: where Ray put it
+    proc = placement.start(process, args)      # the stage process, run by its actor on its node
+    placement.close()
+
+The coordinator reserves one bundle per process group (its replicas together): the GPUs its
+stages' devices name (`cuda:N`: one each), else one CPU, or the stage's own `resources`. Ray
+chooses the nodes; each group gets an actor (`StageHost`) in its bundle, which runs the stage
+process there: `python -m realtime_omni.pipeline.worker`, the same entry point the coordinator
+starts on its own machine, so there is one way a stage runs. The actor asks for the bundle's
+resources, so Ray's `CUDA_VISIBLE_DEVICES` reaches the process.
+
+Where the processes landed becomes the config every process sees: a group on the coordinator's
+node keeps `host: null` (ipc sockets, shared memory and CUDA IPC, as without Ray); one on
+another node gets that node as its `host` (`node-<id>`, at the node's address), so its edges and
+control sockets go over TCP with CurveZMQ. Without a key in the environment the coordinator
+makes one for the deployment and hands it to the actors.
+
+A stage process that dies is seen when its actor's `wait` returns (at once; no heartbeat to
+miss); the coordinator's usual restart then starts it again through the same actor. An actor or
+node that dies fails its `wait` too; Ray restarts the actor (`max_restarts`), in its bundle, on
+a node that has the bundle's resources, and the restart lands there. A process that moved to a
+node with another address is not followed yet: its peers keep the address they computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+
+from realtime_omni.errors import ConfigError
+from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.graph import Graph
+
+log = logging.getLogger(__name__)
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "runtime.placement: ray needs Ray. Fix: pip install 'realtime-omni[ray]', or use "
+            "placement: local"
+        ) from None
+    return ray
+
+
+class StageHost:
+    """Ray actor: runs one stage process on its node and reports when it ends. Threaded
+    (`max_concurrency`), so `signal` is served while `wait` blocks."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def node(self) -> tuple[str, str]:
+        import ray
+
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
+    def start(self, args_env: str, args_json: str, env: dict[str, str]) -> int:
+        """Start the stage process; its pid."""
+        cmd = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env, args_env: args_json})
+        return self.proc.pid
+
+    def wait(self) -> int:
+        """The stage process's exit code, once it ends."""
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+
+class RayProcess:
+    """A stage process run by its actor, as the coordinator holds a `subprocess.Popen`: `pid`
+    (on its node), `poll`, `wait`, `kill`, `terminate`; `exited` is the actor's `wait`, which an
+    asyncio task may await."""
+
+    def __init__(self, ray: Any, actor: Any, pid: int, node_id: str) -> None:
+        self._ray, self._actor = ray, actor
+        self.pid, self.node_id = pid, node_id
+        self.exited = actor.wait.remote()
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, _ = self._ray.wait([self.exited], timeout=0)
+            if done:
+                self._collect()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._ray.wait([self.exited], timeout=timeout)
+            self._collect()
+        assert self.returncode is not None
+        return self.returncode
+
+    def _collect(self) -> None:
+        try:
+            self.returncode = int(self._ray.get(self.exited, timeout=5))
+        except Exception:  # the actor (or its node) died with the process
+            self.returncode = -int(signal.SIGKILL)
+
+    def kill(self) -> None:
+        self._send(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._send(signal.SIGTERM)
+
+    def _send(self, sig: int) -> None:
+        try:
+            self._ray.get(self._actor.signal.remote(int(sig)), timeout=5)
+        except Exception:
+            log.debug("signal %d to a stage on node %s: its actor is gone", sig, self.node_id)
+
+
+def bundle(cfg: PipelineConfig, graph: Graph, group: str) -> dict[str, float]:
+    """What one process group reserves: its stages' own `resources`, else a GPU per CUDA
+    device they name, else one CPU; times its replicas."""
+    stages = [cfg.stages[s] for s in graph.groups[group].stages]
+    own: dict[str, float] = {}
+    for st in stages:
+        for k, v in (st.resources or {}).items():
+            own[k] = max(own.get(k, 0.0), v)
+    if not own:
+        gpus = {st.device for st in stages if st.device.startswith("cuda")}
+        own = {"GPU": float(len(gpus))} if gpus else {"CPU": 1.0}
+    n = graph.groups[group].replicas
+    return {k: v * n for k, v in own.items()}
+
+
+class RayPlacement:
+    def __init__(self, cfg: PipelineConfig, address: str | None = None) -> None:
+        ray = self.ray = _ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._remove = remove_placement_group
+        if cfg.hosts:
+            raise ConfigError(
+                "runtime.placement: ray places the stages itself; remove the config's `hosts` "
+                "and the stages' `host`"
+            )
+        rt = cfg.runtime
+        if not ray.is_initialized():
+            ray.init(address=address or rt.ray_address, log_to_driver=False,
+                     include_dashboard=False, configure_logging=False)  # fmt: skip
+        graph = Graph(cfg)
+        groups = list(graph.groups)
+        self.bundles = [bundle(cfg, graph, g) for g in groups]
+        self.pg = placement_group(self.bundles, strategy=rt.ray_strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=rt.ready_timeout_s)
+        except Exception:
+            self._remove(self.pg)
+            raise ConfigError(
+                f"Ray could not reserve {self.bundles} (one bundle per stage process group) "
+                f"within {rt.ready_timeout_s:.0f} s: the cluster lacks the resources. Fix: add "
+                "nodes, or lower what the stages ask (`resources`, devices, replicas)"
+            ) from None
+        actor_cls = ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=4)(StageHost)
+        self.actors: dict[str, Any] = {}
+        where: dict[str, tuple[str, str]] = {}
+        for i, g in enumerate(groups):
+            res = dict(self.bundles[i])
+            opts: dict[str, Any] = {
+                "num_cpus": res.pop("CPU", 0.0),
+                "num_gpus": res.pop("GPU", 0.0),
+                "resources": res,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self.pg, placement_group_bundle_index=i
+                ),
+            }
+            self.actors[g] = actor_cls.options(**opts).remote()
+        for g, actor in self.actors.items():
+            where[g] = tuple(ray.get(actor.node.remote()))  # type: ignore[assignment]
+        self.node_id = ray.get_runtime_context().get_node_id()
+        my_ip = ray.util.get_node_ip_address()
+        self.where = where
+        self.config = self._placed(cfg, graph, my_ip)
+
+    def _placed(self, cfg: PipelineConfig, graph: Graph, my_ip: str) -> PipelineConfig:
+        """The config as placed: remote groups on `node-<id>` hosts at their nodes' addresses."""
+        hosts: dict[str, dict[str, str]] = {}
+        stages = {}
+        for name, st in cfg.stages.items():
+            node, ip = self.where[graph.process_of[name]]
+            host = None
+            if node != self.node_id:
+                host = f"node-{node[:12]}"
+                hosts[host] = {"address": ip}
+            stages[name] = st.model_copy(update={"host": host})
+        data = cfg.model_dump()
+        data["stages"] = {k: v.model_dump() for k, v in stages.items()}
+        data["hosts"] = hosts
+        if hosts:
+            data["runtime"]["bind_host"] = my_ip
+        placed = PipelineConfig.model_validate(data)
+        for g, (node, ip) in self.where.items():
+            log.info("ray placed %s on node %s (%s)", g, node[:12], ip)
+        return placed
+
+    def start(self, process: str, args: Any, args_env: str, env: dict[str, str]) -> RayProcess:
+        """Run `process` (`WorkerArgs`) through its group's actor."""
+        group = process.split("#")[0]
+        actor = self.actors[group]
+        ray = self.ray
+        pid = ray.get(actor.start.remote(args_env, msgspec.json.encode(args).decode(), env))
+        node, _ = ray.get(actor.node.remote())
+        return RayProcess(ray, actor, int(pid), node)
+
+    def close(self) -> None:
+        for actor in self.actors.values():
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:
+                log.debug("a stage actor was already gone")
+        try:
+            self._remove(self.pg)
+        except Exception:
+            log.debug("the placement group was already gone")

@@ -1,0 +1,98 @@
+"""Stages placed and supervised by Ray (`runtime.placement: ray`) on a local cluster of several
+nodes (`ray.cluster_utils.Cluster`, every node on 127.0.0.1, a custom resource per node standing
+in for its GPUs): the seven simulated stages spread over three nodes serve concurrent requests;
+a stage SIGKILLed fails only what was on it, is restarted through its actor and serves the next
+request; a node removed fails only the requests on it, and its stages come back on the node
+that has its resource."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from realtime_omni.errors import RequestError
+from realtime_omni.pipeline.config import parse_config
+from realtime_omni.pipeline.coordinator import Coordinator
+from tests.conftest import ROOT, run
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+# stage group -> the node (by its custom resource) it must run on
+PLACE = {
+    "preprocessing": "zone_a", "image_encoder": "zone_a", "audio_encoder": "zone_a",
+    "thinker": "zone_b", "decode": "zone_b",
+    "talker_ar": "zone_c", "code2wav": "zone_c",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
+    nodes = {z: c.add_node(num_cpus=3, resources={z: 4}, node_ip_address="127.0.0.1")
+             for z in ("zone_a", "zone_b", "zone_c")}  # fmt: skip
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, include_dashboard=False)
+    try:
+        yield c, nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def ray_config() -> Any:
+    data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
+    for name, st in data["stages"].items():
+        st["resources"] = {PLACE[name]: 1}
+    data["runtime"] |= {"placement": "ray", "ready_timeout_s": 60, "heartbeat_timeout_s": 30}
+    return parse_config(data)
+
+
+async def ask(coord: Coordinator, tokens: int = 6) -> str:
+    try:
+        stream = await coord.submit({"max_tokens": tokens})
+        got = [o async for o in stream]
+        return "completed" if got else "empty"
+    except RequestError as e:
+        return type(e).__name__
+
+
+def test_seven_stages_over_three_nodes_serve_and_survive_a_kill(cluster: Any) -> None:
+    async def body() -> dict[str, Any]:
+        async with Coordinator(ray_config()) as coord:
+            placed = coord._ray
+            assert placed is not None
+            nodes = {g: node for g, (node, _) in placed.where.items()}
+            hosts = {coord.cfg.stages[s].host for s in coord.cfg.stages}
+            # 20 at once
+            outcomes = await asyncio.gather(*(ask(coord) for _ in range(20)))
+            # SIGKILL the talker's process on its node: what was on it fails, then it is back
+            slow = [asyncio.ensure_future(ask(coord, 60)) for _ in range(3)]
+            await asyncio.sleep(1.0)
+            pid = coord.pid_of("talker_ar#0")
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            killed = await asyncio.gather(*slow)
+            for _ in range(300):
+                if coord.ready:
+                    break
+                await asyncio.sleep(0.1)
+            after = await ask(coord)
+            return {"nodes": nodes, "hosts": hosts, "outcomes": outcomes, "killed": killed,
+                    "after": after, "new_pid": coord.pid_of("talker_ar#0"), "pid": pid}  # fmt: skip
+
+    r = run(body(), limit_s=240)
+    assert len(set(r["nodes"].values())) == 3, r["nodes"]  # three nodes, as the resources say
+    assert len(r["hosts"] - {None}) >= 2, r["hosts"]  # remote ones reached over TCP
+    assert r["outcomes"] == ["completed"] * 20, r["outcomes"]
+    assert set(r["killed"]) == {"StageDied"}, r["killed"]
+    assert r["after"] == "completed" and r["new_pid"] != r["pid"], r
