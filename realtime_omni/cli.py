@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -70,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         "(for debugging a client)",
     )
     serve.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="place and supervise the stage processes on this Ray cluster (ray.init's address; "
+        "'auto': the one this machine is in); sets runtime.placement: ray (the `ray` extra)",
+    )
+    serve.add_argument(
         "--drain-s",
         type=float,
         default=25.0,
@@ -122,6 +129,13 @@ def _serve(args: argparse.Namespace) -> int:
     from realtime_omni.gateway.config import GatewayConfig, load_server_config
 
     server = load_server_config(args.config)
+    if args.ray:
+        rt = server.pipeline.runtime.model_copy(
+            update={"placement": "ray", "ray_address": args.ray}
+        )
+        server = dataclasses.replace(
+            server, pipeline=server.pipeline.model_copy(update={"runtime": rt})
+        )
     sip = server.sip
     try:
         ice_servers = json.loads(args.ice_servers)

@@ -218,7 +218,7 @@ class Coordinator:
             for p in self.graph.processes():
                 self._ready[p] = self.loop.create_future()
                 if p in started:
-                    self._spawn(p)
+                    await self._launch(p)
             await self._wait_ready(list(self._ready), rt.ready_timeout_s)
         except BaseException:
             await self.close()
@@ -230,11 +230,9 @@ class Coordinator:
             for p in self.graph.local_processes():
                 self._spawn_spare(p)
 
-    def _spawn(
-        self, process: str, epoch: int | None = None
-    ) -> subprocess.Popen[bytes] | RayProcess:
+    def _worker_args(self, process: str, epoch: int | None = None) -> WorkerArgs:
         assert self.ipc_dir is not None
-        args = WorkerArgs(
+        return WorkerArgs(
             config=self.cfg.model_dump(),
             process=process,
             epoch=self.epochs[process] if epoch is None else epoch,
@@ -243,19 +241,31 @@ class Coordinator:
             ipc_dir=str(self.ipc_dir),
             owner_pid=self.owner_pid,
         )
-        proc: subprocess.Popen[bytes] | RayProcess
-        if self._ray is not None:  # its group's actor runs it, on the node Ray chose
-            key = self.cfg.runtime.curve_secret_env
-            env = {key: os.environ[key]} if key in os.environ else {}
-            proc = self._ray.start(process, args, ARGS_ENV, env)
-            self._track(self._watch_ray(process, proc))
-        else:
-            env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
-            cmd = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
-            proc = subprocess.Popen(cmd, env=env)
+
+    def _spawn(self, process: str, epoch: int | None = None) -> subprocess.Popen[bytes]:
+        args = self._worker_args(process, epoch)
+        env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
+        proc = subprocess.Popen([sys.executable, "-m", "realtime_omni.pipeline.worker"], env=env)
         if epoch is None:
             self._procs[process] = proc
         return proc
+
+    async def _launch(self, process: str) -> None:
+        """Start `process`: here, or with placement ray through its group's actor, on the node
+        Ray chose (off the loop: a restarted actor may take seconds to come back)."""
+        if self._ray is None:
+            self._spawn(process)
+            return
+        key = self.cfg.runtime.curve_secret_env
+        env = {key: os.environ[key]} if key in os.environ else {}
+        args = self._worker_args(process)
+        try:
+            proc = await asyncio.to_thread(self._ray.start, process, args, ARGS_ENV, env)
+        except Exception as e:  # its actor is gone for good, or Ray is
+            why = f"stage process {process}: its Ray actor did not start it: {e}"
+            raise StartupError(why) from None
+        self._procs[process] = proc
+        self._track(self._watch_ray(process, proc))
 
     async def _watch_ray(self, process: str, proc: RayProcess) -> None:
         """A Ray-run process is dead when its actor's `wait` returns (or its actor, or its
@@ -659,7 +669,7 @@ class Coordinator:
             self._track(self._restart(process))
 
     async def _restart(self, process: str) -> None:
-        self._procs[process].wait()  # reap it: it is dead, this returns at once
+        await asyncio.to_thread(self._procs[process].wait)  # reap it: it is dead, this is quick
         epoch, spare = self._spares.pop(process, (0, None))
         if spare is not None and spare.poll() is None and self._spare_ready[process].done():
             # The spare takes over: tell it where every peer is now, then announce it.
@@ -677,7 +687,7 @@ class Coordinator:
         self.epochs[process] = self._next_epoch[process] = self._next_epoch[process] + 1
         self._ready[process] = self.loop.create_future()
         try:
-            self._spawn(process)
+            await self._launch(process)
             await self._wait_ready([process], self.cfg.runtime.ready_timeout_s)
         except StartupError as e:
             self._broken[process] = str(e)

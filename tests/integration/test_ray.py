@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,9 @@ from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
 from tests.conftest import ROOT, run
 
+# Every node, the driver and the workers on 127.0.0.1: Ray otherwise resolves "127.0.0.1" to
+# the machine's outward address, where nothing of this cluster listens.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
@@ -40,8 +44,12 @@ def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
     )
     nodes = {z: c.add_node(num_cpus=3, resources={z: 4}, node_ip_address="127.0.0.1")
              for z in ("zone_a", "zone_b", "zone_c")}  # fmt: skip
+    # a standby for zone_c: where Ray puts zone_c's bundle when its node goes
+    nodes["zone_c standby"] = c.add_node(
+        num_cpus=3, resources={"zone_c": 4}, node_ip_address="127.0.0.1"
+    )
     c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False, include_dashboard=False)
+    ray.init(address=c.address, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         yield c, nodes
     finally:
@@ -53,7 +61,9 @@ def ray_config() -> Any:
     data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     for name, st in data["stages"].items():
         st["resources"] = {PLACE[name]: 1}
-    data["runtime"] |= {"placement": "ray", "ready_timeout_s": 60, "heartbeat_timeout_s": 30}
+    data.setdefault("runtime", {}).update(
+        placement="ray", ready_timeout_s=60, heartbeat_timeout_s=30
+    )
     return parse_config(data)
 
 
@@ -96,3 +106,37 @@ def test_seven_stages_over_three_nodes_serve_and_survive_a_kill(cluster: Any) ->
     assert r["outcomes"] == ["completed"] * 20, r["outcomes"]
     assert set(r["killed"]) == {"StageDied"}, r["killed"]
     assert r["after"] == "completed" and r["new_pid"] != r["pid"], r
+
+
+def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
+    cluster: Any,
+) -> None:
+    c, nodes = cluster
+
+    async def body() -> dict[str, Any]:
+        async with Coordinator(ray_config()) as coord:
+            assert coord._ray is not None
+            assert await ask(coord) == "completed"
+            talker_node = coord._ray.where["talker_ar"][0]
+            (node,) = [n for n in nodes.values() if n.node_id == talker_node]
+            slow = [asyncio.ensure_future(ask(coord, 80)) for _ in range(3)]
+            await asyncio.sleep(1.0)
+            t0 = time.monotonic()
+            await asyncio.to_thread(c.remove_node, node)
+            lost = await asyncio.gather(*slow)
+            for _ in range(600):
+                if coord.ready:
+                    break
+                await asyncio.sleep(0.1)
+            ready, back_s = coord.ready, time.monotonic() - t0
+            after = await ask(coord) if ready else "not ready"
+            pid = coord.pid_of("talker_ar#0")
+            moved = coord._procs["talker_ar#0"].node_id  # type: ignore[union-attr]
+            return {"lost": lost, "ready": ready, "after": after, "pid": pid,
+                    "from": talker_node, "to": moved, "back_s": back_s}  # fmt: skip
+
+    r = run(body(), limit_s=240)
+    assert set(r["lost"]) == {"StageDied"}, r
+    assert r["ready"] and r["after"] == "completed", r
+    assert r["to"] != r["from"], r  # on the standby node now
+    print(f"node removed -> its stages served again on the standby node: {r['back_s']:.1f} s")
