@@ -12,7 +12,13 @@ thinker to its end, then the talker, then one vocoder pass (`serial: true` on th
 talker and code2wav; `configs/tiny-serial.yaml`, generate() itself in one stage, for the tiny
 model).
 
-    python benchmarks/first_audio.py [--configs simulated,tiny] [--requests 5] [--json PATH]
+With `--ray`, the simulated config's streaming run is repeated with its stages placed by Ray
+(`runtime.placement: ray`) over three nodes of a local Ray cluster (every node on this machine,
+a custom resource per node saying which stages go where: the encoders, the thinker, the
+talker): the edges between them go over TCP with CurveZMQ, as between machines. Same run, same
+requests: what the placement costs first audio.
+
+    python benchmarks/first_audio.py [--configs simulated,tiny] [--requests 5] [--ray] [--json PATH]
 """
 
 from __future__ import annotations
@@ -97,11 +103,42 @@ def floor_ms(steps: dict[str, list[tuple[float, float]]], since: float) -> float
     )
 
 
+# stage -> the node (by its custom resource) it runs on, with --ray
+RAY_NODES = {
+    "preprocessing": "zone_a", "image_encoder": "zone_a", "audio_encoder": "zone_a",
+    "thinker": "zone_b", "decode": "zone_b", "talker_ar": "zone_c", "code2wav": "zone_c",
+}  # fmt: skip
+
+
+def ray_cluster() -> Any:
+    """Three nodes on 127.0.0.1, one custom resource each (`RAY_NODES`); ray.init joins it."""
+    import os
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # bind to 127.0.0.1, not outward
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                      "node_ip_address": "127.0.0.1"})  # fmt: skip
+    for zone in sorted(set(RAY_NODES.values())):
+        c.add_node(num_cpus=3, resources={zone: 4}, node_ip_address="127.0.0.1")
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, _node_ip_address="127.0.0.1")
+    return c
+
+
 async def run(name: str, mode: str, requests: int, max_tokens: int) -> dict[str, Any] | None:
+    placement = "local"
+    if mode == "ray":
+        mode, placement = "streaming", "ray"
     data = load(name, mode)
     if data is None:
         print(f"{name} {mode}: skipped (no serial config)", file=sys.stderr)
         return None
+    if placement == "ray":
+        for stage, st in data["stages"].items():
+            st["resources"] = {RAY_NODES[stage]: 1}
+        data.setdefault("runtime", {})["placement"] = "ray"
     firsts, totals, floors = [], [], []
     async with Coordinator(parse_config(data)) as coord:
         for i in range(requests + 2):  # two warm-up requests first
@@ -121,7 +158,7 @@ async def run(name: str, mode: str, requests: int, max_tokens: int) -> dict[str,
             floors.append(floor_ms(steps, t0))
     return {
         "config": name,
-        "mode": mode,
+        "mode": mode if placement == "local" else "ray",
         "first_audio_ms_p50": statistics.median(firsts),
         "total_ms_p50": statistics.median(totals),
         "compute_floor_ms": statistics.median(floors),
@@ -136,10 +173,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--ray", action="store_true", help="also the simulated config placed by Ray on 3 nodes"
+    )
     args = parser.parse_args()
     runs = []
+    cluster = ray_cluster() if args.ray else None
     for name in args.configs.split(","):
-        for mode in ("streaming", "serial"):
+        ray_mode = ("ray",) if cluster is not None and name == "simulated" else ()
+        for mode in ("streaming", "serial", *ray_mode):
             print(f"measuring {name} {mode} ...", file=sys.stderr, flush=True)
             r = asyncio.run(run(name, mode, args.requests, args.max_tokens))
             if r is not None:
@@ -160,6 +202,14 @@ def main() -> None:
         if len(by) == 2:
             ratio = by["serial"]["first_audio_ms_p50"] / by["streaming"]["first_audio_ms_p50"]
             print(f"{name}: serial / streaming first audio = {ratio:.1f}x")
+        if "ray" in by:
+            extra = by["ray"]["first_audio_ms_p50"] - by["streaming"]["first_audio_ms_p50"]
+            print(f"{name}: placed by Ray over 3 nodes, first audio {extra:+.1f} ms against local")
+    if cluster is not None:
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
     if args.json:
         args.json.write_text(json.dumps({"runs": runs}, indent=2))
 

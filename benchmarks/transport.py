@@ -117,8 +117,21 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
 # ---- receivers (spawned processes: the parent owns every cleanup, so they ignore Ctrl-C) ----
 
 
+def curve(sock: zmq.Socket, secret: bytes | None, server: bool) -> None:
+    """CurveZMQ on `sock` as the runtime sets it between hosts (`pipeline/sockets.py`)."""
+    if secret is None:
+        return
+    if server:
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+    else:
+        public = zmq.curve_public(secret)
+        sock.setsockopt(zmq.CURVE_SERVERKEY, public)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
 def arrivals(
-    inbox_at: str, ack_to: str, conn: Connection, parent_pid: int
+    inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, secret: bytes | None = None
 ) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
     """A receiver's sockets: binds its inbox (telling the parent where) and connects its acks,
     then yields (inbox, acks) whenever a message waits. It waits as the worker does, on a
@@ -127,6 +140,8 @@ def arrivals(
     ctx = zmq.Context()
     inbox, acks = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     acks.setsockopt(zmq.LINGER, 0)
+    curve(inbox, secret, server=True)
+    curve(acks, secret, server=False)
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
     try:
@@ -139,13 +154,20 @@ def arrivals(
         ctx.destroy(linger=0)
 
 
-def zmq_receiver(inbox_at: str, ack_to: str, conn: Connection, parent_pid: int, copy: bool) -> None:
+def zmq_receiver(
+    inbox_at: str,
+    ack_to: str,
+    conn: Connection,
+    parent_pid: int,
+    copy: bool,
+    secret: bytes | None = None,
+) -> None:
     """Answer every DataReady with a DataAck, recording its latency; send them on `stop`.
     Receives as the worker does: non-blocking, frames copied on ipc, zero-copy on tcp."""
     inlet = Inlet()
     lat: Latencies = {}
     try:
-        with contextlib.closing(arrivals(inbox_at, ack_to, conn, parent_pid)) as waits:
+        with contextlib.closing(arrivals(inbox_at, ack_to, conn, parent_pid, secret)) as waits:
             for inbox, acks in waits:
                 received = m.receive(inbox, copy)
                 assert received is not None and isinstance(received[0], m.DataReady)
@@ -242,8 +264,11 @@ def run_reference(sizes: list[int], iters: int | None, warmup: int) -> Latencies
 def run_zmq(
     transport: str, sizes: list[int], iters: int | None, warmup: int, tmp: str
 ) -> Latencies:
-    """One receiver process for every size of `transport`; payloads go one at a time."""
+    """One receiver process for every size of `transport`; payloads go one at a time.
+    `tcp_curve`: TCP with CurveZMQ, as between hosts (or Ray nodes)."""
     cuda = transport == "cuda_ipc"
+    secret = zmq.curve_keypair()[1] if transport == "tcp_curve" else None
+    transport = "tcp" if secret is not None else transport
     where = "tcp://127.0.0.1" if transport == "tcp" else f"ipc://{tmp}/{transport}"
     inline_max = 0 if transport == "shm" else RuntimeConfig().inline_max_bytes  # shm: always a slot
     edge = Edge("sender", "receiver", "stream", transport, 2, max(sizes))
@@ -251,13 +276,15 @@ def run_zmq(
     ctx = zmq.Context()
     acks, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     out.setsockopt(zmq.LINGER, 0)
+    curve(acks, secret, server=True)
+    curve(out, secret, server=False)
     spawn = mp.get_context("spawn")
     conn, child_conn = spawn.Pipe()
     ack_at = bind(acks, where if transport == "tcp" else f"{where}-ack.sock")
     inbox_at = where if transport == "tcp" else f"{where}-in.sock"
     proc = spawn.Process(
         target=zmq_receiver,
-        args=(inbox_at, ack_at, child_conn, os.getpid(), transport != "tcp"),
+        args=(inbox_at, ack_at, child_conn, os.getpid(), transport != "tcp", secret),
         daemon=True,
     )
 
@@ -426,7 +453,7 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
     args = ap.parse_args()
     sizes = list(SIZES_BYTES)
-    transports = ["reference", "inline", "shm", "tcp", "cuda_ipc"]
+    transports = ["reference", "inline", "shm", "tcp", "tcp_curve", "cuda_ipc"]
     if (skip := cuda_skip_reason()) is not None:
         transports.remove("cuda_ipc")
 
