@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ from realtime_omni.pipeline.worker import ARGS_ENV, MAX_DRAIN, WorkerArgs
 
 log = logging.getLogger(__name__)
 _MONITOR_S = 0.05  # sentinel poll period of the monitor thread
+_SESSION_ROUTES = 4096  # sessions whose replicas are remembered (least recently used go)
 _END = object()
 
 
@@ -168,6 +170,8 @@ class Coordinator:
         self._broken: dict[str, str] = {}  # process -> why its restart failed
         self._tasks: set[asyncio.Task[Any]] = set()
         self._active: dict[str, int] = {}  # process -> requests routed to it
+        # session id -> {group: (replica, its epoch)} of the session's last turn, newest last
+        self._session_routes: OrderedDict[str, dict[str, tuple[int, int]]] = OrderedDict()
         # Warm spares (runtime.warm_spares): a loaded process per local stage process, bound to
         # an epoch of its own that no peer knows until it takes over.
         self._spares: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}  # process -> (epoch, it)
@@ -370,7 +374,7 @@ class Coordinator:
                 why = "; ".join(self._broken.values()) or "restart_stages is off"
                 raise StageDied(f"stage processes {sorted(self._down)} are down: {why}")
             await self._wait_credit()
-        route = self._pick_route()
+        route = self._pick_route(payload.get("session_id"))
         req = _Request(rid, route, RequestStream(rid))
         self._requests[rid] = req
         for p in self._route_processes(route):
@@ -397,13 +401,30 @@ class Coordinator:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._credit.wait(), 0.5)
 
-    def _pick_route(self) -> dict[str, int]:
+    def _pick_route(self, session: Any = None) -> dict[str, int]:
+        """Per replicated group, the replica a request runs on: the one that served the
+        session's last turn while it is alive and the same incarnation (it keeps the session's
+        KV cache), else the least busy one that is up."""
+        kept = self._session_routes.get(session, {}) if isinstance(session, str) else {}
         route = {}
         for g, grp in self.graph.groups.items():
             if grp.replicas > 1:
+                if g in kept:
+                    i, epoch = kept[g]
+                    name = f"{g}#{i}"
+                    if name not in self._down and self.epochs.get(name) == epoch:
+                        route[g] = i
+                        continue
                 names = [n for n in grp.process_names() if n not in self._down]
                 best = min(names or grp.process_names(), key=lambda n: self._active.get(n, 0))
                 route[g] = int(best.rsplit("#", 1)[1])
+        if isinstance(session, str) and route:
+            self._session_routes[session] = {
+                g: (i, self.epochs[f"{g}#{i}"]) for g, i in route.items()
+            }
+            self._session_routes.move_to_end(session)
+            while len(self._session_routes) > _SESSION_ROUTES:
+                self._session_routes.popitem(last=False)
         return route
 
     def _route_processes(self, route: dict[str, int]) -> list[str]:

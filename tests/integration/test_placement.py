@@ -212,3 +212,44 @@ def test_over_tcp_only_holders_of_the_curve_key_reach_a_stage(
     monkeypatch.delenv("REALTIME_OMNI_CURVE_SECRET")
     with pytest.raises(ConfigError, match="REALTIME_OMNI_CURVE_SECRET is not set"):
         run(Coordinator(parse_config(cfg)).start())
+
+
+def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
+    cfg = simulated_config(FAST)
+    cfg["stages"]["talker_ar"]["replicas"] = 2
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+
+            async def turn(session: str) -> int:
+                stream = await coord.submit({"max_tokens": 4, "session_id": session})
+                replica = coord._requests[stream.request_id].route["talker_ar"]
+                check_complete(await stream.collect(), 4)
+                return replica
+
+            a, b = await asyncio.gather(turn("sess_a"), turn("sess_b"))
+            assert a != b  # two sessions at once share the load
+            # later turns, with the other session busy meanwhile, go back where each started
+            assert [await turn("sess_a") for _ in range(3)] == [a] * 3
+            # another caller busy on `a`: the least busy replica is the other, yet `a` keeps it
+            busy = await coord.submit({"max_tokens": 40, "session_id": "sess_x"})
+            assert coord._requests[busy.request_id].route["talker_ar"] == a
+            assert await turn("sess_a") == a
+            await busy.collect()
+            # its replica restarted: the cache is gone, so the least busy replica takes it
+            pid = coord.pid_of(f"talker_ar#{a}")
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            while coord.ready:
+                await asyncio.sleep(0.01)
+            while not coord.ready:
+                await asyncio.sleep(0.05)
+            hogs: list = []  # busy work until some of it is on replica `a`, none more elsewhere
+            while not any(coord._requests[h.request_id].route["talker_ar"] == a for h in hogs):
+                hogs.append(await coord.submit({"max_tokens": 40, "session_id": f"h{len(hogs)}"}))
+            assert await turn("sess_a") == 1 - a  # not back to `a`: its new incarnation is empty
+            for h in hogs:
+                await h.collect()
+            await all_slots_free(coord)
+
+    run(body())
