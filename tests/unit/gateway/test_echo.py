@@ -97,6 +97,16 @@ def test_the_gate_takes_the_bots_echo_for_echo(db: float, delay_ms: int) -> None
     assert g[32:][loud[32:]].mean() > 0.95  # once it has learnt the path (a second)
 
 
+def test_before_a_path_is_learnt_a_12_db_echo_is_taken_for_echo() -> None:
+    """The first second of an answer: no path fitted yet, the prior decides (it paused every
+    answer's first second at -12 dB when it took only what is 10 dB under the far end)."""
+    bot = speech(BOT)
+    echo = room(bot, -12, 100)
+    g, loud = gated(bot, echo), speechy(echo)
+    first = slice(0, 16)  # 512 ms: fewer windows than any fit needs
+    assert g[first][loud[first]].mean() > 0.9
+
+
 @pytest.mark.parametrize("db", [-12, -20, None])  # at -6 dB the echo is as loud as them
 def test_the_gate_lets_a_person_through_over_the_echo_or_without_one(db: float | None) -> None:
     bot, person = speech(BOT), speech("Wait, stop, I have a question about that.")
