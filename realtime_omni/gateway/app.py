@@ -403,7 +403,10 @@ class _DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         self.gw.draining = True  # /readyz and new sessions see it from now on
-        self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+        self.loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())  # held: the loop keeps weak refs
 
     async def _drain(self) -> None:
         n = len(self.gw.sessions)

@@ -47,8 +47,8 @@ class _Response:
     calls: list[Item] = field(default_factory=list)  # function calls made, in order
     tool_text: ToolCallStream = field(default_factory=ToolCallStream)
     text_tokens: int = 0  # the thinker's tokens that came out (decode's outputs)
-    input_tokens: int = 0  # the prompt's, as the thinker prefilled it (its first token says)
-    cached_tokens: int = 0  # of which its cache already held
+    input_tokens: int = 0  # the prompt's, all of it (its first token says)
+    cached_tokens: int = 0  # of which the thinker's kept cache held (not prefilled again)
 
     def usage(self) -> dict[str, Any]:
         """OpenAI's `usage`: the thinker's tokens; the talker's audio tokens at Qwen3-Omni's
@@ -205,8 +205,9 @@ class Responses:
         token_time = data.get("token_time")
         if "token_id" in data:  # one of the thinker's tokens, through decode
             resp.text_tokens += 1
-            resp.input_tokens = int(data.get("prefill_tokens", resp.input_tokens))
-            resp.cached_tokens = int(data.get("cached_tokens", resp.cached_tokens))
+            if "prefill_tokens" in data:  # the first token's: the prompt, as OpenAI counts it
+                resp.cached_tokens = int(data.get("cached_tokens", 0))
+                resp.input_tokens = int(data["prefill_tokens"]) + resp.cached_tokens
         if "pcm" in data:
             if resp.resampler is None:
                 src = int(data.get("sample_rate_hz", MODEL_RATE_HZ))

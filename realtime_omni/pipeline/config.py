@@ -57,6 +57,12 @@ class StageConfig(_Strict):
         default=None, description="A key of `hosts`; null runs the stage on this machine."
     )
     replicas: int = Field(default=1, ge=1, le=64, description="Processes serving this stage.")
+    replica_hosts: list[str | None] | None = Field(
+        default=None,
+        description="Per replica, the key of `hosts` it runs on (null: this machine), for "
+        "replicas on several machines; overrides `host`. Edges of such a stage go over TCP. "
+        "Ray placement sets it for the replicas it spreads.",
+    )
     resources: dict[str, float] | None = Field(
         default=None,
         description="With `runtime.placement: ray`: what one process of this stage reserves "
@@ -284,6 +290,24 @@ def _check(cfg: PipelineConfig, src: str) -> None:
                 )
         if not _DEVICE.match(st.device):
             _fail(src, f"stages.{name}.device", st.device, "unknown device", "use cpu or cuda:N")
+        if st.replica_hosts is not None:
+            if len(st.replica_hosts) != st.replicas:
+                _fail(
+                    src,
+                    f"stages.{name}.replica_hosts",
+                    st.replica_hosts,
+                    f"{len(st.replica_hosts)} hosts for {st.replicas} replicas",
+                    "name one host (or null) per replica",
+                )
+            for h in st.replica_hosts:
+                if h is not None and h not in cfg.hosts:
+                    _fail(
+                        src,
+                        f"stages.{name}.replica_hosts",
+                        h,
+                        "not declared in hosts",
+                        f"add hosts.{h}.address or use one of: {', '.join(cfg.hosts) or 'none'}",
+                    )
         if st.host is not None and st.host not in cfg.hosts:
             _fail(
                 src,
@@ -359,6 +383,14 @@ def _check(cfg: PipelineConfig, src: str) -> None:
             )
         if proc in groups:
             first, host, replicas = groups[proc]
+            if cfg.stages[first].replica_hosts != st.replica_hosts:
+                _fail(
+                    src,
+                    f"stages.{name}.replica_hosts",
+                    st.replica_hosts,
+                    f"stage {first!r} shares process {proc!r} with other replica_hosts",
+                    "stages in one process must name the same replica_hosts",
+                )
             if host != st.host:
                 _fail(
                     src,
@@ -403,6 +435,9 @@ def _check(cfg: PipelineConfig, src: str) -> None:
         d_proc = (d_st.process or e.dst) if d_st else "client"
         s_host = s_st.host if s_st else None
         d_host = d_st.host if d_st else None
+        for st_ in (s_st, d_st):  # replicas on several hosts: no one host to share memory on
+            if st_ is not None and st_.replica_hosts and len(set(st_.replica_hosts)) > 1:
+                s_host, d_host = "several", "hosts"
         if e.transport == "reference" and s_proc != d_proc:
             _fail(
                 src,

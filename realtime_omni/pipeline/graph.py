@@ -53,6 +53,14 @@ class Graph:
         self.process_of[CLIENT] = CLIENT
         self.host_of: dict[str, str | None] = {n: s.host for n, s in cfg.stages.items()}
         self.host_of[CLIENT] = None
+        # A stage whose replicas sit on several hosts (`replica_hosts`) has no one host: its
+        # edges go over TCP, and each of its processes has its own address.
+        self.spans: set[str] = {
+            n for n, s in cfg.stages.items() if s.replica_hosts and len(set(s.replica_hosts)) > 1
+        }
+        for n, s in cfg.stages.items():
+            if s.replica_hosts and n not in self.spans:
+                self.host_of[n] = s.replica_hosts[0]
 
         groups: dict[str, list[str]] = {}
         for n in cfg.stages:
@@ -100,7 +108,11 @@ class Graph:
             transport = o.transport if o else "auto"
             if transport == "auto":
                 transport = self._auto_transport(src, dst)
-            elif transport == "tcp" and self.host_of[src] == self.host_of[dst]:
+            elif (
+                transport == "tcp"
+                and self.host_of[src] == self.host_of[dst]
+                and not {src, dst} & self.spans
+            ):
                 raise ConfigError(
                     f"edges: {src}->{dst} transport = 'tcp': both stages are on one host. "
                     "Fix: tcp is for edges across hosts; use inline or shm on one host"
@@ -131,7 +143,7 @@ class Graph:
     def _auto_transport(self, src: str, dst: str) -> str:
         if self.process_of[src] == self.process_of[dst]:
             return "reference"
-        if self.host_of[src] != self.host_of[dst]:
+        if self.host_of[src] != self.host_of[dst] or {src, dst} & self.spans:
             return "tcp"
         devs = [self.stages[s].device if s != CLIENT else "cpu" for s in (src, dst)]
         if all(d.startswith("cuda") for d in devs):
@@ -148,8 +160,14 @@ class Graph:
         """Every stage process to run, named `group#replica`."""
         return [p for g in self.groups.values() for p in g.process_names()]
 
+    def host_of_process(self, process: str) -> str | None:
+        """The key of `hosts` a stage process runs on; None: this machine."""
+        g = self.groups[group_of(process)]
+        hosts = self.cfg.stages[g.stages[0]].replica_hosts
+        return hosts[int(process.rsplit("#", 1)[1])] if hosts else g.host
+
     def local_processes(self) -> list[str]:
-        return [p for g in self.groups.values() if g.host is None for p in g.process_names()]
+        return [p for p in self.processes() if self.host_of_process(p) is None]
 
     def endpoint(self, process: str, epoch: int, ipc_dir: Path) -> str:
         """The inbox address of `process` (or of the coordinator, `client`).
@@ -166,6 +184,6 @@ class Graph:
         else:
             # By sorted name, so hosts agree whatever order their copy of the config lists.
             port = rt.base_port + 1 + sorted(self.processes()).index(process)
-            h = self.groups[group_of(process)].host
+            h = self.host_of_process(process)
             host = self.cfg.hosts[h].address if h else rt.bind_host
         return f"tcp://{host}:{port}"

@@ -1,13 +1,13 @@
 """Stage processes placed and supervised by Ray (`runtime.placement: ray`, `serve --ray ADDR`).
 
-    placement = RayPlacement(cfg)              # ray.init; a placement group, one bundle a group
+    placement = RayPlacement(cfg)              # ray.init; a placement group, a bundle a process
     cfg = placement.config                     # `hosts` and each stage's `host`: where Ray put it
     proc = placement.start(process, args)      # the stage process, run by its actor on its node
     placement.close()
 
-The coordinator reserves one bundle per process group (its replicas together): the GPUs its
+The coordinator reserves one bundle per stage process (each replica its own): the GPUs its
 stages' devices name (`cuda:N`: one each), else one CPU, or the stage's own `resources`. Ray
-chooses the nodes; each group gets an actor (`StageHost`) in its bundle, which runs the stage
+chooses the nodes; each process gets an actor (`StageHost`) in its bundle, which runs the stage
 process there: `python -m realtime_omni.pipeline.worker`, the same entry point the coordinator
 starts on its own machine, so there is one way a stage runs. The actor asks for the bundle's
 resources, so Ray's `CUDA_VISIBLE_DEVICES` reaches the process.
@@ -15,8 +15,9 @@ resources, so Ray's `CUDA_VISIBLE_DEVICES` reaches the process.
 Where the processes landed becomes the config every process sees: a group on the coordinator's
 node keeps `host: null` (ipc sockets, shared memory and CUDA IPC, as without Ray); one on
 another node gets that node as its `host` (`node-<id>`, at the node's address), so its edges and
-control sockets go over TCP with CurveZMQ. Without a key in the environment the coordinator
-makes one for the deployment and hands it to the actors.
+control sockets go over TCP with CurveZMQ; a group whose replicas landed on several nodes gets
+`replica_hosts`, one per replica, and its edges go over TCP. Without a key in the environment
+the coordinator makes one for the deployment and hands it to the actors.
 
 A stage process that dies is seen when its actor's `wait` returns (at once; no heartbeat to
 miss); the coordinator's usual restart then starts it again through the same actor. An actor or
@@ -38,7 +39,7 @@ import msgspec
 
 from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline.config import PipelineConfig
-from realtime_omni.pipeline.graph import Graph
+from realtime_omni.pipeline.graph import Graph, group_of
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,8 @@ class RayProcess:
 
 
 def bundle(cfg: PipelineConfig, graph: Graph, group: str) -> dict[str, float]:
-    """What one process group reserves: its stages' own `resources`, else a GPU per CUDA
-    device they name, else one CPU; times its replicas."""
+    """What one process of a group reserves: its stages' own `resources`, else a GPU per CUDA
+    device they name, else one CPU."""
     stages = [cfg.stages[s] for s in graph.groups[group].stages]
     own: dict[str, float] = {}
     for st in stages:
@@ -137,8 +138,7 @@ def bundle(cfg: PipelineConfig, graph: Graph, group: str) -> dict[str, float]:
     if not own:
         gpus = {st.device for st in stages if st.device.startswith("cuda")}
         own = {"GPU": float(len(gpus))} if gpus else {"CPU": 1.0}
-    n = graph.groups[group].replicas
-    return {k: v * n for k, v in own.items()}
+    return own
 
 
 class RayPlacement:
@@ -154,26 +154,28 @@ class RayPlacement:
                 "and the stages' `host`"
             )
         rt = cfg.runtime
-        if not ray.is_initialized():
-            ray.init(address=address or rt.ray_address, log_to_driver=False,
-                     include_dashboard=False, configure_logging=False)  # fmt: skip
+        self._owns_ray = not ray.is_initialized()  # then close() shuts down what init started
+        if self._owns_ray:
+            # The stage processes' output comes back to this server's (log_to_driver).
+            ray.init(address=address or rt.ray_address, include_dashboard=False,
+                     configure_logging=False)  # fmt: skip
         graph = Graph(cfg)
-        groups = list(graph.groups)
-        self.bundles = [bundle(cfg, graph, g) for g in groups]
+        processes = graph.processes()
+        self.bundles = [bundle(cfg, graph, group_of(p)) for p in processes]
         self.pg = placement_group(self.bundles, strategy=rt.ray_strategy)
         try:
             ray.get(self.pg.ready(), timeout=rt.ready_timeout_s)
         except Exception:
             self._remove(self.pg)
             raise ConfigError(
-                f"Ray could not reserve {self.bundles} (one bundle per stage process group) "
+                f"Ray could not reserve {self.bundles} (one bundle per stage process) "
                 f"within {rt.ready_timeout_s:.0f} s: the cluster lacks the resources. Fix: add "
                 "nodes, or lower what the stages ask (`resources`, devices, replicas)"
             ) from None
         actor_cls = ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=4)(StageHost)
-        self.actors: dict[str, Any] = {}
+        self.actors: dict[str, Any] = {}  # process -> its actor
         where: dict[str, tuple[str, str]] = {}
-        for i, g in enumerate(groups):
+        for i, p in enumerate(processes):
             res = dict(self.bundles[i])
             opts: dict[str, Any] = {
                 "num_cpus": res.pop("CPU", 0.0),
@@ -183,39 +185,46 @@ class RayPlacement:
                     self.pg, placement_group_bundle_index=i
                 ),
             }
-            self.actors[g] = actor_cls.options(**opts).remote()
-        for g, actor in self.actors.items():
-            where[g] = tuple(ray.get(actor.node.remote()))  # type: ignore[assignment]
+            self.actors[p] = actor_cls.options(**opts).remote()
+        for p, actor in self.actors.items():
+            where[p] = tuple(ray.get(actor.node.remote()))  # type: ignore[assignment]
         self.node_id = ray.get_runtime_context().get_node_id()
         my_ip = ray.util.get_node_ip_address()
         self.where = where
         self.config = self._placed(cfg, graph, my_ip)
 
     def _placed(self, cfg: PipelineConfig, graph: Graph, my_ip: str) -> PipelineConfig:
-        """The config as placed: remote groups on `node-<id>` hosts at their nodes' addresses."""
+        """The config as placed: processes on other nodes on `node-<id>` hosts at their nodes'
+        addresses; a group whose replicas landed on several nodes gets `replica_hosts`."""
         hosts: dict[str, dict[str, str]] = {}
+
+        def host(process: str) -> str | None:
+            node, ip = self.where[process]
+            if node == self.node_id:
+                return None
+            hosts[f"node-{node[:12]}"] = {"address": ip}
+            return f"node-{node[:12]}"
+
         stages = {}
         for name, st in cfg.stages.items():
-            node, ip = self.where[graph.process_of[name]]
-            host = None
-            if node != self.node_id:
-                host = f"node-{node[:12]}"
-                hosts[host] = {"address": ip}
-            stages[name] = st.model_copy(update={"host": host})
+            on = [host(p) for p in graph.groups[graph.process_of[name]].process_names()]
+            if len(set(on)) == 1:
+                stages[name] = st.model_copy(update={"host": on[0], "replica_hosts": None})
+            else:
+                stages[name] = st.model_copy(update={"host": None, "replica_hosts": on})
         data = cfg.model_dump()
         data["stages"] = {k: v.model_dump() for k, v in stages.items()}
         data["hosts"] = hosts
         if hosts:
             data["runtime"]["bind_host"] = my_ip
         placed = PipelineConfig.model_validate(data)
-        for g, (node, ip) in self.where.items():
-            log.info("ray placed %s on node %s (%s)", g, node[:12], ip)
+        for p, (node, ip) in self.where.items():
+            log.info("ray placed %s on node %s (%s)", p, node[:12], ip)
         return placed
 
     def start(self, process: str, args: Any, args_env: str, env: dict[str, str]) -> RayProcess:
-        """Run `process` (`WorkerArgs`) through its group's actor."""
-        group = process.split("#")[0]
-        actor = self.actors[group]
+        """Run `process` (`WorkerArgs`) through its actor."""
+        actor = self.actors[process]
         ray = self.ray
         pid = ray.get(actor.start.remote(args_env, msgspec.json.encode(args).decode(), env))
         node, _ = ray.get(actor.node.remote())
@@ -231,3 +240,5 @@ class RayPlacement:
             self._remove(self.pg)
         except Exception:
             log.debug("the placement group was already gone")
+        if self._owns_ray:
+            self.ray.shutdown()

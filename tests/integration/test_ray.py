@@ -43,11 +43,13 @@ def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
         head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
     )
     nodes = {z: c.add_node(num_cpus=3, resources={z: 4}, node_ip_address="127.0.0.1")
-             for z in ("zone_a", "zone_b", "zone_c")}  # fmt: skip
-    # a standby for zone_c: where Ray puts zone_c's bundle when its node goes
-    nodes["zone_c standby"] = c.add_node(
-        num_cpus=3, resources={"zone_c": 4}, node_ip_address="127.0.0.1"
-    )
+             for z in ("zone_a", "zone_b")}  # fmt: skip
+    # zone_c twice: a standby where Ray puts zone_c's bundles when its node goes; one `talker`
+    # on each, for two talker replicas on two nodes
+    for name in ("zone_c", "zone_c standby"):
+        nodes[name] = c.add_node(
+            num_cpus=3, resources={"zone_c": 4, "talker": 1}, node_ip_address="127.0.0.1"
+        )
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
@@ -57,10 +59,12 @@ def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
         c.shutdown()
 
 
-def ray_config() -> Any:
+def ray_config(talkers: int = 1) -> Any:
     data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     for name, st in data["stages"].items():
         st["resources"] = {PLACE[name]: 1}
+    if talkers > 1:  # one per node that has a `talker`
+        data["stages"]["talker_ar"] |= {"replicas": talkers, "resources": {"talker": 1}}
     data.setdefault("runtime", {}).update(
         placement="ray", ready_timeout_s=60, heartbeat_timeout_s=30
     )
@@ -108,6 +112,41 @@ def test_seven_stages_over_three_nodes_serve_and_survive_a_kill(cluster: Any) ->
     assert r["after"] == "completed" and r["new_pid"] != r["pid"], r
 
 
+def test_replicas_on_two_nodes_a_dead_one_fails_only_its_requests(cluster: Any) -> None:
+    async def body() -> dict[str, Any]:
+        async with Coordinator(ray_config(talkers=2)) as coord:
+            assert coord._ray is not None
+            on = [coord._ray.where[f"talker_ar#{i}"][0] for i in range(2)]
+            hosts = coord.cfg.stages["talker_ar"].replica_hosts
+            streams = [await coord.submit({"max_tokens": 60}) for _ in range(6)]
+            routes = [coord._requests[s.request_id].route["talker_ar"] for s in streams]
+            await asyncio.sleep(1.0)
+            pid = coord.pid_of("talker_ar#1")
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+
+            async def outcome(stream: Any) -> str:
+                try:
+                    await stream.collect()
+                    return "completed"
+                except RequestError as e:
+                    return type(e).__name__
+
+            outcomes = await asyncio.gather(*(outcome(s) for s in streams))
+            while not coord.ready:
+                await asyncio.sleep(0.1)
+            after = await asyncio.gather(*(ask(coord) for _ in range(4)))
+            return {"on": on, "hosts": hosts, "routes": routes, "outcomes": outcomes,
+                    "after": after}  # fmt: skip
+
+    r = run(body(), limit_s=240)
+    assert r["on"][0] != r["on"][1] and len(set(r["hosts"])) == 2, r
+    assert sorted(set(r["routes"])) == [0, 1], r
+    for route, outcome in zip(r["routes"], r["outcomes"], strict=True):
+        assert outcome == ("StageDied" if route == 1 else "completed"), r
+    assert r["after"] == ["completed"] * 4, r
+
+
 def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
     cluster: Any,
 ) -> None:
@@ -117,7 +156,7 @@ def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
         async with Coordinator(ray_config()) as coord:
             assert coord._ray is not None
             assert await ask(coord) == "completed"
-            talker_node = coord._ray.where["talker_ar"][0]
+            talker_node = coord._ray.where["talker_ar#0"][0]
             (node,) = [n for n in nodes.values() if n.node_id == talker_node]
             slow = [asyncio.ensure_future(ask(coord, 80)) for _ in range(3)]
             await asyncio.sleep(1.0)

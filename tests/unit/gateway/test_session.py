@@ -546,7 +546,8 @@ def test_response_done_has_usage_and_says_when_max_output_tokens_cut_it(
         if status == "incomplete":
             assert r["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
         u = r["usage"]
-        assert u["input_tokens"] == 17 and u["input_token_details"]["cached_tokens"] == 5
+        # the whole prompt (17 prefilled + 5 the cache held), of which 5 cached, as OpenAI's
+        assert u["input_tokens"] == 22 and u["input_token_details"]["cached_tokens"] == 5
         assert u["output_token_details"]["text_tokens"] == 3
         assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"]
         await s.close()
