@@ -11,7 +11,7 @@ from realtime_omni.pipeline.shm import list_segments
 from tests.conftest import ROOT, timeout
 
 SIZES_BYTES = {8, 160, 4096, 532_480, 3_211_264}
-CPU_TRANSPORTS = {"reference", "inline", "shm", "tcp"}
+CPU_TRANSPORTS = {"reference", "inline", "shm", "tcp", "tcp_curve"}
 
 
 def test_transport_benchmark_smoke(tmp_path: Path) -> None:
