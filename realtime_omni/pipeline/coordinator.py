@@ -690,7 +690,11 @@ class Coordinator:
             self._track(self._restart(process))
 
     async def _restart(self, process: str) -> None:
-        await asyncio.to_thread(self._procs[process].wait)  # reap it: it is dead, this is quick
+        proc = self._procs[process]  # reap it: it is dead, so this returns at once
+        if isinstance(proc, RayProcess):
+            await asyncio.to_thread(proc.wait)  # a Ray call: off the loop all the same
+        else:
+            proc.wait()
         epoch, spare = self._spares.pop(process, (0, None))
         if spare is not None and spare.poll() is None and self._spare_ready[process].done():
             # The spare takes over: tell it where every peer is now, then announce it.
