@@ -92,18 +92,24 @@ async def polite(url: str, speech: bytes, stop: float, out: dict[str, int]) -> N
                 piece = base64.b64encode(audio[i : i + PIECE]).decode()
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": piece}))
                 await asyncio.sleep(0.02)
-            deadline = time.monotonic() + 20
-            while True:
-                ev = json.loads(
-                    await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic()))
-                )
-                if ev["type"] == "error":
-                    out["polite_errors"] += 1
-                if ev["type"] == "response.done":
-                    out["turns"] += 1
-                    out["completed"] += ev["response"]["status"] == "completed"
-                    out["failed_clearly"] += failed_clearly(ev["response"])
-                    break
+            response = await answer(ws, out)
+            out["turns"] += 1
+            out["completed"] += response["status"] == "completed"
+            out["failed_clearly"] += failed_clearly(response)
+
+
+async def answer(ws: Any, out: dict[str, int], on_event: Any = None) -> dict[str, Any]:
+    """Read one answer to its `response.done` (counting `error`s, showing `on_event` the rest);
+    gives its response."""
+    deadline = time.monotonic() + 20
+    while True:
+        ev = json.loads(await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic())))
+        if ev["type"] == "error":
+            out["polite_errors"] += 1
+        if ev["type"] == "response.done":
+            return dict(ev["response"])
+        if on_event is not None:
+            await on_event(ev)
 
 
 def failed_clearly(response: dict[str, Any]) -> bool:
@@ -122,23 +128,17 @@ async def typist(url: str, stop: float, out: dict[str, int], seed: int) -> None:
         while time.monotonic() < stop:
             await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
             await ws.send(json.dumps({"type": "response.create"}))
-            cancel = rng.random() < 1 / 3
-            deadline = time.monotonic() + 20
-            while True:
-                ev = json.loads(
-                    await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic()))
-                )
-                if ev["type"] == "error":
-                    out["polite_errors"] += 1
-                if ev["type"] == "response.output_audio.delta" and cancel:
+            cancel = [rng.random() < 1 / 3]
+
+            async def cancel_once_audio_starts(ev: dict[str, Any], cancel: list = cancel) -> None:
+                if ev["type"] == "response.output_audio.delta" and cancel[0]:
                     await ws.send(json.dumps({"type": "response.cancel"}))
-                    cancel = False
-                if ev["type"] == "response.done":
-                    status = ev["response"]["status"]
-                    out["typed"] += 1
-                    out["typed_ended_well"] += status in ("completed", "cancelled")
-                    out["typed_ended_well"] += failed_clearly(ev["response"])
-                    break
+                    cancel[0] = False
+
+            response = await answer(ws, out, cancel_once_audio_starts)
+            out["typed"] += 1
+            out["typed_ended_well"] += response["status"] in ("completed", "cancelled")
+            out["typed_ended_well"] += failed_clearly(response)
 
 
 async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
