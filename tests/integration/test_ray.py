@@ -40,7 +40,12 @@ PLACE = {
 def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
     c = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 1,
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+            "resources": {"head": 8},  # where this test's process, Ray's driver, is
+        },
     )
     nodes = {z: c.add_node(num_cpus=3, resources={z: 4}, node_ip_address="127.0.0.1")
              for z in ("zone_a", "zone_b")}  # fmt: skip
@@ -110,6 +115,23 @@ def test_seven_stages_over_three_nodes_serve_and_survive_a_kill(cluster: Any) ->
     assert r["outcomes"] == ["completed"] * 20, r["outcomes"]
     assert set(r["killed"]) == {"StageDied"}, r["killed"]
     assert r["after"] == "completed" and r["new_pid"] != r["pid"], r
+
+
+def test_stages_on_the_servers_own_node_keep_ipc_and_shared_memory(cluster: Any) -> None:
+    data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
+    for st in data["stages"].values():
+        st["resources"] = {"head": 1}  # the node this test's process (the driver) is on
+    data.setdefault("runtime", {})["placement"] = "ray"
+
+    async def body() -> tuple[Any, list[str], list[str]]:
+        async with Coordinator(parse_config(data)) as coord:
+            outcomes = await asyncio.gather(*(ask(coord) for _ in range(5)))
+            edges = sorted({e.transport for e in coord.graph.edges})
+            return coord.cfg.hosts, outcomes, edges
+
+    hosts, outcomes, transports = run(body(), limit_s=120)
+    assert hosts == {} and "tcp" not in transports and "shm" in transports, (hosts, transports)
+    assert outcomes == ["completed"] * 5
 
 
 def test_replicas_on_two_nodes_a_dead_one_fails_only_its_requests(cluster: Any) -> None:
