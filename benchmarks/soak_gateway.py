@@ -98,9 +98,9 @@ async def polite(url: str, speech: bytes, stop: float, out: dict[str, int]) -> N
             out["failed_clearly"] += failed_clearly(response)
 
 
-async def answer(ws: Any, out: dict[str, int], on_event: Any = None) -> dict[str, Any]:
-    """Read one answer to its `response.done` (counting `error`s, showing `on_event` the rest);
-    gives its response."""
+async def answer(ws: Any, out: dict[str, int], cancel: bool = False) -> dict[str, Any]:
+    """Read one answer to its `response.done` (counting `error`s; with `cancel`, cancelling it
+    once its audio starts); gives its response."""
     deadline = time.monotonic() + 20
     while True:
         ev = json.loads(await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic())))
@@ -108,8 +108,9 @@ async def answer(ws: Any, out: dict[str, int], on_event: Any = None) -> dict[str
             out["polite_errors"] += 1
         if ev["type"] == "response.done":
             return dict(ev["response"])
-        if on_event is not None:
-            await on_event(ev)
+        if cancel and ev["type"] == "response.output_audio.delta":
+            await ws.send(json.dumps({"type": "response.cancel"}))
+            cancel = False
 
 
 def failed_clearly(response: dict[str, Any]) -> bool:
@@ -128,14 +129,7 @@ async def typist(url: str, stop: float, out: dict[str, int], seed: int) -> None:
         while time.monotonic() < stop:
             await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
             await ws.send(json.dumps({"type": "response.create"}))
-            cancel = [rng.random() < 1 / 3]
-
-            async def cancel_once_audio_starts(ev: dict[str, Any], cancel: list = cancel) -> None:
-                if ev["type"] == "response.output_audio.delta" and cancel[0]:
-                    await ws.send(json.dumps({"type": "response.cancel"}))
-                    cancel[0] = False
-
-            response = await answer(ws, out, cancel_once_audio_starts)
+            response = await answer(ws, out, cancel=rng.random() < 1 / 3)
             out["typed"] += 1
             out["typed_ended_well"] += response["status"] in ("completed", "cancelled")
             out["typed_ended_well"] += failed_clearly(response)

@@ -85,8 +85,8 @@ class StageHost:
 
 class RayProcess:
     """A stage process run by its actor, as the coordinator holds a `subprocess.Popen`: `pid`
-    (on its node), `poll`, `wait`, `kill`, `terminate`; `exited` is the actor's `wait`, which an
-    asyncio task may await."""
+    (on its node), `poll`, `wait`, `kill`; `exited` is the actor's `wait`, which an asyncio task
+    may await."""
 
     def __init__(self, ray: Any, actor: Any, pid: int, node_id: str) -> None:
         self._ray, self._actor = ray, actor
@@ -115,22 +115,16 @@ class RayProcess:
             self.returncode = -int(signal.SIGKILL)
 
     def kill(self) -> None:
-        self._send(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self._send(signal.SIGTERM)
-
-    def _send(self, sig: int) -> None:
         try:
-            self._ray.get(self._actor.signal.remote(int(sig)), timeout=5)
+            self._ray.get(self._actor.signal.remote(int(signal.SIGKILL)), timeout=5)
         except Exception:
-            log.debug("signal %d to a stage on node %s: its actor is gone", sig, self.node_id)
+            log.debug("SIGKILL to a stage on node %s: its actor is gone", self.node_id)
 
 
-def bundle(cfg: PipelineConfig, graph: Graph, group: str) -> dict[str, float]:
+def bundle(graph: Graph, group: str) -> dict[str, float]:
     """What one process of a group reserves: its stages' own `resources`, else a GPU per CUDA
     device they name, else one CPU."""
-    stages = [cfg.stages[s] for s in graph.groups[group].stages]
+    stages = [graph.stages[s] for s in graph.groups[group].stages]
     own: dict[str, float] = {}
     for st in stages:
         for k, v in (st.resources or {}).items():
@@ -142,7 +136,7 @@ def bundle(cfg: PipelineConfig, graph: Graph, group: str) -> dict[str, float]:
 
 
 class RayPlacement:
-    def __init__(self, cfg: PipelineConfig, address: str | None = None) -> None:
+    def __init__(self, cfg: PipelineConfig) -> None:
         ray = self.ray = _ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -157,11 +151,11 @@ class RayPlacement:
         self._owns_ray = not ray.is_initialized()  # then close() shuts down what init started
         if self._owns_ray:
             # The stage processes' output comes back to this server's (log_to_driver).
-            ray.init(address=address or rt.ray_address, include_dashboard=False,
+            ray.init(address=rt.ray_address, include_dashboard=False,
                      configure_logging=False)  # fmt: skip
         graph = Graph(cfg)
         processes = graph.processes()
-        self.bundles = [bundle(cfg, graph, group_of(p)) for p in processes]
+        self.bundles = [bundle(graph, group_of(p)) for p in processes]
         self.pg = placement_group(self.bundles, strategy=rt.ray_strategy)
         try:
             ray.get(self.pg.ready(), timeout=rt.ready_timeout_s)
