@@ -19,7 +19,6 @@ data channel, an offer with every candidate (it waits for ICE gathering) posted 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fractions
 import json
 import shutil
@@ -39,6 +38,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, VideoFrame
 
+from realtime_omni.aio import wait_set
 from realtime_omni.gateway.transports.ice import LOOPBACK, use_host_addresses
 from realtime_omni.gateway.transports.webrtc import EVENTS_LABEL
 from realtime_omni.gateway.transports.webrtc_media import (
@@ -290,8 +290,7 @@ class Caller:
                 seen = [ev.get("type") for _, ev in self.events[-20:]]
                 raise TimeoutError(f"no {kind} within {limit_s} s; last events: {seen}")
             self._got_event.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._got_event.wait(), left)
+            await wait_set(self._got_event, left)
 
     async def hang_up(self) -> None:
         """DELETE the WHIP resource (when made by WHIP), close the peer connection."""

@@ -53,6 +53,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.client_events import ClientEvents, _error
@@ -311,7 +312,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         while True:
             if not self._turns.paused:
                 await self._vad_wake.wait()
-            elif not await _wait(self._vad_wake, self._turns.params.resume_after_ms / 1000):
+            elif not await wait_set(self._vad_wake, self._turns.params.resume_after_ms / 1000):
                 # Paused over speech, and the client sends no more audio: the policy hears that
                 # much silence (the VAD does not: its clock is the audio's).
                 while self._turns.paused:
@@ -556,12 +557,3 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._emit(
             "input_audio_buffer.dtmf_event_received", event=digit, received_at=int(time.time())
         )
-
-
-async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
-    """Whether `event` was set within `timeout_s`."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except TimeoutError:
-        return False
-    return True

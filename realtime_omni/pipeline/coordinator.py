@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import msgspec
 import zmq
 
+from realtime_omni.aio import within
 from realtime_omni.errors import (
     OmniError,
     RequestAborted,
@@ -399,7 +400,7 @@ class Coordinator:
     async def _wait_credit(self) -> None:
         self._credit.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._credit.wait(), 0.5)
+            await within(self._credit.wait(), 0.5)
 
     def _pick_route(self, session: Any = None) -> dict[str, int]:
         """Per replicated group, the replica a request runs on: the one that served the
@@ -446,7 +447,7 @@ class Coordinator:
         assert req.abort_done is not None
         timeout = self.cfg.runtime.abort_timeout_s
         try:
-            await asyncio.wait_for(asyncio.shield(req.abort_done), timeout)
+            await within(asyncio.shield(req.abort_done), timeout)
         except TimeoutError:
             missing = sorted(req.abort_waiting or ())
             raise OmniError(
@@ -730,7 +731,7 @@ class Coordinator:
         for p in others:
             self._send(p, m.PeerUp(process, self.epochs[process]))
         if others:
-            await asyncio.wait_for(self._peer_up_done[process], self.cfg.runtime.ready_timeout_s)
+            await within(self._peer_up_done[process], self.cfg.runtime.ready_timeout_s)
         self._down.discard(process)
         if not self._down:
             self._healthy.set()
@@ -752,7 +753,7 @@ class Coordinator:
         for p in live:
             self._send(p, m.StatsRequest(token))
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await within(fut, timeout)
         finally:
             del self._stats_waiters[token]
 

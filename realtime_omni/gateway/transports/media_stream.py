@@ -44,6 +44,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from realtime_omni.aio import within
 from realtime_omni.gateway import audio
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import PhoneConfig
@@ -374,7 +375,7 @@ class PhoneCall:
         deadline = time.monotonic() + self.config.start_timeout_s
         while True:
             try:
-                ev = await asyncio.wait_for(self._receive(), max(0.0, deadline - time.monotonic()))
+                ev = await within(self._receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 log.warning("%s stream: no `start` within the time limit", self.dialect.name)
                 return False
@@ -437,7 +438,7 @@ class PhoneCall:
                 self._bad_message("a second `start`")
 
     async def _send(self, msg: dict[str, Any]) -> None:
-        await asyncio.wait_for(self.ws.send_text(json.dumps(msg)), 10.0)
+        await within(self.ws.send_text(json.dumps(msg)), 10.0)
 
     async def _send_loop(self) -> None:
         """Real time plus `lead_ms`: whole 20 ms frames, a mark after each read."""

@@ -9,12 +9,12 @@ goodbye is over.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 from typing import Any
 
+from realtime_omni.aio import within
 from realtime_omni.gateway.config import PhoneConfig, merge
 from realtime_omni.gateway.protocol import ProtocolError
 from realtime_omni.gateway.session import Session
@@ -69,7 +69,7 @@ async def watch(session: Session, config: PhoneConfig, route: str) -> None:
     goodbye_at: float | None = None
     while True:
         try:
-            ev = await asyncio.wait_for(session.next_event(), 0.5)
+            ev = await within(session.next_event(), 0.5)
         except TimeoutError:
             ev = None
         now = time.monotonic()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.protocol import error_event, event_id, for_beta
 from realtime_omni.gateway.session import Session
@@ -50,7 +51,7 @@ class RealtimeConnection:
         event = {"event_id": event_id(), **event}
         if self.gw.event_log is not None:
             self.gw.event_log.write(self.session.id, self.label, self.beta, event)
-        await asyncio.wait_for(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
+        await within(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
 
     async def receive_loop(self) -> None:
         limit = self.gw.config.max_message_bytes

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import float_to_pcm16
 from realtime_omni.gateway.config import PhoneConfig, SipConfig
@@ -433,8 +434,7 @@ if pj is not None:
             assert s is not None
             lead = max(1, round(self.server.phone.lead_ms / 20))
             while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(s.audio_written.wait(), 0.02)
+                await wait_set(s.audio_written, 0.02)
                 s.audio_written.clear()
                 need = lead - len(self.out)
                 if need <= 0:

@@ -45,6 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from realtime_omni.aio import within
 from realtime_omni.gateway.protocol import error_event, event_id
 from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
@@ -179,7 +180,7 @@ class WebRtcCall:
 
     async def _watch_connect(self) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.connected.wait(), CONNECT_TIMEOUT_S)
+            await within(self.connected.wait(), CONNECT_TIMEOUT_S)
             return
         self.end(f"not connected {CONNECT_TIMEOUT_S:.0f} s after the answer")
 

@@ -26,7 +26,6 @@ later, is silence.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fractions
 import logging
 import math
@@ -40,6 +39,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler, Packet, VideoFrame
 from av.codec import CodecContext
 
+from realtime_omni.aio import wait_set
 from realtime_omni.gateway.responses import MODEL_RATE_HZ
 from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
@@ -130,8 +130,7 @@ class PlayoutTrack(MediaStreamTrack):
             if s.playout.queued >= PLAYOUT_FRAME_SAMPLES:  # new audio on a dry queue: go now
                 return
             s.audio_written.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(s.audio_written.wait(), due - now)
+            await wait_set(s.audio_written, due - now)
 
     def _note_playing(self, item_id: str | None) -> None:
         playing = self._playing
