@@ -61,6 +61,8 @@ GAP_S = 0.12  # no audio delta for this long during an answer: it paused
 POLICIES = {
     "now": {},
     "before": {"min_interruption_ms": 0, "echo_gate": False},
+    # `now` with the echo gate on energies alone, as before it listened through an echo canceller
+    "energy": {"echo_gate_aec": False},
     # `now`, with the turn's end decided by Smart Turn (--smart-turn) instead of 500 ms of silence
     "semantic": {"type": "semantic_vad", "eagerness": "auto"},
 }

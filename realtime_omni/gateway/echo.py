@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 RATE_HZ = 16000
 FRAME = 160  # 10 ms, the module's frame
 MAX_FAR_FRAMES = 100  # a second of far end waiting; older is dropped
+# A window the canceller leaves this much quieter was the bot's echo, whatever its energy says:
+# AEC3 takes a converged echo path's echo down 30-40 dB, and a person talking over the bot (the
+# echo beside them or not) by at most 18 (`benchmarks/turns.py`).
+ECHO_CANCELLED_DB = 24.0
 
 
 class EchoCanceller:
@@ -44,6 +48,7 @@ class EchoCanceller:
         self._far: deque[bytes] = deque(maxlen=MAX_FAR_FRAMES)
         self._far_rest = np.zeros(0, np.float32)
         self._near_rest = np.zeros(0, np.float32)
+        self._beside_rest = np.zeros(0, np.float32)
         self._silence = bytes(FRAME * 2)
 
     @classmethod
@@ -80,6 +85,25 @@ class EchoCanceller:
             self._apm.process_stream(near)
             out[i : i + FRAME] = np.frombuffer(near.data, np.int16) / 32768.0
         return out
+
+    def beside(self, pcm: np.ndarray) -> np.ndarray:
+        """The microphone's whole 10 ms frames so far and, beside them, what the canceller
+        leaves of each: [2, n] (a partial frame waits for the next call). The audio itself
+        goes on untouched; the echo gate weighs how much the canceller took away."""
+        x = np.concatenate([self._beside_rest, np.asarray(pcm, np.float32).reshape(-1)])
+        n = len(x) // FRAME * FRAME
+        self._beside_rest = x[n:]
+        return np.stack([x[:n], self.near(x[:n])])
+
+
+def cancelled_db(mic: np.ndarray, clean: np.ndarray) -> float:
+    """How much quieter the canceller left a window than the microphone heard it, in dB (0 for
+    a silent window)."""
+    e_mic = float(np.mean(np.square(mic, dtype=np.float64)))
+    if e_mic < 1e-9:  # under -90 dBFS: nothing to judge
+        return 0.0
+    e_clean = float(np.mean(np.square(clean, dtype=np.float64)))
+    return float(10 * np.log10(e_mic / max(e_clean, 1e-12)))
 
 
 def _pcm16(x: np.ndarray) -> bytes:
@@ -141,6 +165,13 @@ class EchoGate:
         self.floor = 0.0  # the microphone's energy with nobody talking and no echo
         self._last = False  # the previous window was echo
         self._since_fit = 0
+        self.far_active = False  # the bot's audio was playing at the last window
+
+    @property
+    def may_echo(self) -> bool:
+        """Whether echo may come back: no path learnt yet, or one with some gain (a headset's
+        microphone, silent while the bot spoke, has the path "no echo")."""
+        return self.path is None or bool(self.path.any())
 
     def far(self, pcm: np.ndarray, t: float) -> None:
         x = np.asarray(pcm, np.float32).reshape(-1)
@@ -187,7 +218,8 @@ class EchoGate:
         now = int((t - self.SLOT_S / 2) / self.SLOT_S)  # the slot of the window's middle
         per = self.SLOT_S * 16000
         row = np.array([self._slots.get(now - k, 0.0) / per for k in range(self.taps)])
-        if row.max() < self.active_floor:
+        self.far_active = row.max() >= self.active_floor
+        if not self.far_active:
             self._last = False
             return False
         mic_e = float(np.mean(np.square(np.asarray(mic, np.float32))))

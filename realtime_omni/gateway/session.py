@@ -58,7 +58,7 @@ from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.client_events import ClientEvents, _error
 from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Part, new_id
-from realtime_omni.gateway.echo import EchoCanceller, EchoGate
+from realtime_omni.gateway.echo import ECHO_CANCELLED_DB, EchoCanceller, EchoGate, cancelled_db
 from realtime_omni.gateway.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
 from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
@@ -157,6 +157,9 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._eot = EndOfTurn(vad=self._vad.params.threshold)
         self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
         self._aec: EchoCanceller | None = None  # made at start() when the settings want one
+        # What the VAD and the echo gate hear when the audio itself is not cancelled
+        # (`echo_gate_aec`): the microphone without the bot's echo; the input keeps the original.
+        self._gate_aec: EchoCanceller | None = None
         self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
         self._far_resampler: Resampler | None = None  # what was read out, at 16 kHz
@@ -195,6 +198,18 @@ class Session(ClientEvents, Responses, Transcriptions):
         have = (self._aec.echo, self._aec.noise) if self._aec is not None else (False, False)
         if (echo, noise) != have:
             self._aec = EchoCanceller.create(echo, noise) if echo or noise else None
+        # Without a canceller on the audio, the echo gate may still listen through one.
+        td = self.settings.turn_detection
+        listen = self._aec is None and td is not None and td.turns.echo_gate
+        listen = listen and td is not None and td.turns.echo_gate_aec
+        had = self._gate_aec is not None
+        if not listen:
+            self._gate_aec = None
+        elif self._gate_aec is None and EchoCanceller.available():
+            self._gate_aec = EchoCanceller(echo=True, noise=False)
+        if had != (self._gate_aec is not None):  # the VAD's windows change shape
+            self._vad_pending.clear()
+            self._windower = Windower()
 
     def _semantic(self) -> bool:
         """semantic_vad with an end-of-turn model: the model may end a turn before the VAD."""
@@ -291,6 +306,8 @@ class Session(ClientEvents, Responses, Transcriptions):
         if len(x):  # when each sample arrived, for the echo gate's clock
             self._arrivals.append((self.input.end, time.monotonic()))
         if len(x) and self.settings.turn_detection is not None:
+            if self._gate_aec is not None:  # whole 10 ms frames: at most 10 ms behind the input
+                x = self._gate_aec.beside(x)
             self._vad_pending.append(x)
             self._vad_wake.set()
 
@@ -327,12 +344,15 @@ class Session(ClientEvents, Responses, Transcriptions):
             # the event loop (every call's audio) free between them.
             for i in range(0, len(windows), VAD_WINDOWS_PER_PASS):
                 part = windows[i : i + VAD_WINDOWS_PER_PASS]
-                for p, w in zip(await self._vad_model.probs(part), part, strict=True):
-                    self._vad_samples += len(part[0])
-                    self._on_window(p, w, self._arrival(self._vad_samples))
+                # With the gate's canceller a window is [the microphone, what it leaves of it].
+                mics = [w[0] if w.ndim == 2 else w for w in part]
+                for p, w, mic in zip(await self._vad_model.probs(mics), part, mics, strict=True):
+                    self._vad_samples += len(mic)
+                    clean = w[1] if w.ndim == 2 else None
+                    self._on_window(p, mic, self._arrival(self._vad_samples), clean)
             if not self._vad.speaking and self.settings.turn_detection is not None:
                 pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
-                self.input.trim(self._vad_samples - pad - len(windows[0]))
+                self.input.trim(self._vad_samples - pad - windows[0].shape[-1])
 
     def feed_vad(self, prob: float) -> None:
         """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
@@ -344,11 +364,25 @@ class Session(ClientEvents, Responses, Transcriptions):
             self._arrivals.popleft()
         return self._arrivals[0][1] if self._arrivals else time.monotonic()
 
-    def _on_window(self, prob: float, window: np.ndarray | None = None, t: float = 0.0) -> None:
-        """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks."""
+    def _on_window(
+        self,
+        prob: float,
+        window: np.ndarray | None = None,
+        t: float = 0.0,
+        clean: np.ndarray | None = None,
+    ) -> None:
+        """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks.
+        `clean`: the window through the gate's echo canceller, when it has one."""
         td = self.settings.turn_detection
-        if window is not None and self._gating() and self._gate.window(window, t):
-            prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
+        if window is not None and self._gating():
+            echo = self._gate.window(window, t)  # judged (and learnt from) on every window
+            # What the canceller takes away counts only where echo may come back: its
+            # suppressor damps a person it hears over the far end too while it learns.
+            g = self._gate
+            if not echo and clean is not None and g.far_active and g.may_echo:
+                echo = cancelled_db(window, clean) >= ECHO_CANCELLED_DB
+            if echo:
+                prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
         ev = self._vad.feed(prob)
         if td is None:
             return
@@ -514,8 +548,9 @@ class Session(ClientEvents, Responses, Transcriptions):
             far = self._far_resampler.process(r.pcm)
             if self._gating():
                 self._gate.far(far, time.monotonic())
-            if self._aec is not None:
-                self._aec.far(far)
+            for aec in (self._aec, self._gate_aec):
+                if aec is not None:
+                    aec.far(far)
         now = time.monotonic()
         if self._barge_at is not None:
             self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)

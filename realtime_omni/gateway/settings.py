@@ -10,8 +10,8 @@ What each field does here, where it differs from OpenAI:
 - `turn_detection`: `server_vad` as OpenAI's (silero-vad), with `idle_timeout_ms`;
   `semantic_vad` maps onto it, its `eagerness` choosing how long a silence ends the turn
   (`EAGERNESS_SILENCE_MS`: low 1000 ms, medium and auto 600, high 300); the answer keeps its
-  type and eagerness. Extension fields: `min_interruption_ms`, `resume_after_ms`, `echo_gate`
-  (`turns.py`).
+  type and eagerness. Extension fields: `min_interruption_ms`, `resume_after_ms`, `echo_gate`,
+  `echo_gate_aec` (`turns.py`).
 - `voice`: an OpenAI voice name (`alloy`, `ash`, ...) or one of the checkpoint's speakers,
   mapped through `Voices` (the config's `realtime.voices` table); another name is refused,
   naming the voices there are.
@@ -111,6 +111,7 @@ class TurnDetection:
             "min_interruption_ms": self.turns.min_interruption_ms,
             "resume_after_ms": self.turns.resume_after_ms,
             "echo_gate": self.turns.echo_gate,
+            "echo_gate_aec": self.turns.echo_gate_aec,
         }
 
 
@@ -329,10 +330,11 @@ def parse_turn_detection(
             x = f.take(lambda k=key: int(_number(v[k], f"{param}.{k}", 0, 10000)))
             if x is not _MISSING:
                 turns = replace(turns, **{key: x})
-    if "echo_gate" in v:
-        x = f.take(lambda: _flag(v["echo_gate"], f"{param}.echo_gate"))
-        if x is not _MISSING:
-            turns = replace(turns, echo_gate=x)
+    for key in ("echo_gate", "echo_gate_aec"):
+        if key in v:
+            x = f.take(lambda k=key: _flag(v[k], f"{param}.{k}"))
+            if x is not _MISSING:
+                turns = replace(turns, **{key: x})
     for key in ("create_response", "interrupt_response"):
         if key in v:
             x = f.take(lambda k=key: _flag(v[k], f"{param}.{k}"))

@@ -94,17 +94,21 @@ class ServerVad:
 
 
 class Windower:
-    """Cuts a 16 kHz stream into `WINDOW_SAMPLES` windows; holds at most one partial window."""
+    """Cuts a 16 kHz stream into `WINDOW_SAMPLES` windows; holds at most one partial window.
+    A stream of [k, n] chunks (the microphone beside what the echo canceller leaves of it) is
+    cut along its last axis into [k, size] windows; one stream keeps one shape."""
 
     def __init__(self, size: int = WINDOW_SAMPLES) -> None:
         self.size = size
-        self._rest = np.zeros(0, np.float32)
+        self._rest: np.ndarray | None = None
 
     def push(self, x: np.ndarray) -> list[np.ndarray]:
-        buf = np.concatenate([self._rest, np.asarray(x, np.float32).reshape(-1)])
-        n = len(buf) // self.size
-        self._rest = buf[n * self.size :].copy()
-        return [buf[i * self.size : (i + 1) * self.size] for i in range(n)]
+        x = np.asarray(x, np.float32)
+        x = x if x.ndim == 2 else x.reshape(-1)
+        buf = x if self._rest is None else np.concatenate([self._rest, x], axis=-1)
+        n = buf.shape[-1] // self.size
+        self._rest = buf[..., n * self.size :].copy()
+        return [buf[..., i * self.size : (i + 1) * self.size] for i in range(n)]
 
 
 class SileroVad:
