@@ -173,6 +173,12 @@ class EchoGate:
         microphone, silent while the bot spoke, has the path "no echo")."""
         return self.path is None or bool(self.path.any())
 
+    @property
+    def may_echo(self) -> bool:
+        """Whether echo may come back: no path learnt yet, or one with some gain (a headset's
+        microphone, silent while the bot spoke, has the path "no echo")."""
+        return self.path is None or bool(self.path.any())
+
     def far(self, pcm: np.ndarray, t: float) -> None:
         x = np.asarray(pcm, np.float32).reshape(-1)
         if not len(x):
@@ -214,12 +220,16 @@ class EchoGate:
         verified = err <= self.max_error_db and follows >= self.min_correlation
         self.path = h if verified else None
 
-    def window(self, mic: np.ndarray, t: float) -> bool:
+    def window(self, mic: np.ndarray, t: float, clean: np.ndarray | None = None) -> bool:
+        """`clean`: the window through an echo canceller fed the same far end
+        (`EchoCanceller.beside`). Where echo may come back, a window it leaves
+        `ECHO_CANCELLED_DB` quieter is echo whatever the energies say; the path is learnt from
+        the energies alone. (Where no echo comes back, a headset, the canceller's suppressor
+        would still damp a person heard over the far end while it learns.)"""
         now = int((t - self.SLOT_S / 2) / self.SLOT_S)  # the slot of the window's middle
         per = self.SLOT_S * 16000
         row = np.array([self._slots.get(now - k, 0.0) / per for k in range(self.taps)])
-        self.far_active = row.max() >= self.active_floor
-        if not self.far_active:
+        if row.max() < self.active_floor:
             self._last = False
             return False
         mic_e = float(np.mean(np.square(np.asarray(mic, np.float32))))
@@ -234,6 +244,8 @@ class EchoGate:
             if len(self._mics) >= self.min_windows and self._since_fit >= 8:
                 self._since_fit = 0
                 self._fit()
+        if not echo and clean is not None and self.may_echo:
+            echo = cancelled_db(mic, clean) >= ECHO_CANCELLED_DB
         # One window above its predicted echo right after echo is not yet a person: the fit's
         # error scatters single windows over the margin; a person stays over it.
         after_echo, self._last = self._last, echo and mic_e > 2 * self.floor  # echo, not silence

@@ -58,7 +58,7 @@ from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.client_events import ClientEvents, _error
 from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Part, new_id
-from realtime_omni.gateway.echo import ECHO_CANCELLED_DB, EchoCanceller, EchoGate, cancelled_db
+from realtime_omni.gateway.echo import EchoCanceller, EchoGate
 from realtime_omni.gateway.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
 from realtime_omni.gateway.input_buffer import InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
@@ -374,15 +374,8 @@ class Session(ClientEvents, Responses, Transcriptions):
         """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks.
         `clean`: the window through the gate's echo canceller, when it has one."""
         td = self.settings.turn_detection
-        if window is not None and self._gating():
-            echo = self._gate.window(window, t)  # judged (and learnt from) on every window
-            # What the canceller takes away counts only where echo may come back: its
-            # suppressor damps a person it hears over the far end too while it learns.
-            g = self._gate
-            if not echo and clean is not None and g.far_active and g.may_echo:
-                echo = cancelled_db(window, clean) >= ECHO_CANCELLED_DB
-            if echo:
-                prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
+        if window is not None and self._gating() and self._gate.window(window, t, clean):
+            prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
         ev = self._vad.feed(prob)
         if td is None:
             return
