@@ -6,6 +6,9 @@ processing module (AEC3, with its delay estimator), through LiveKit's Python bin
     clean = aec.near(mic16k)          # the microphone, the bot's echo removed (10 ms frames;
                                       # a partial frame waits for the next call)
 
+`aec.beside(mic16k)` gives [2, n]: the microphone's whole frames and, beside them, what the
+canceller leaves of them, for the echo gate to weigh while the audio itself stays untouched.
+
 The far end is consumed at the microphone's pace: before each 10 ms microphone frame one 10 ms
 far-end frame (silence if none is queued) goes to the module, so the two streams stay in step
 however bursty the transport reads, and the module's delay estimator finds the echo path
@@ -132,8 +135,9 @@ class EchoGate:
     a far end that does not vary (a test tone) shows no path at all, so none is learnt. A
     window within `margin_db` of its predicted echo is echo; a person talking over the bot is
     louder than the echo of what it said. Until a path is learnt, sound 6 dB under the far
-    end is taken for echo: the first second of a session's first answer may pause on a louder
-    echo.
+    end is taken for echo. Given what an echo canceller leaves of each window (the session's
+    `echo_gate_aec`), a window it takes `ECHO_CANCELLED_DB` from is echo too: energies alone
+    paused the first second of every answer over a -6 dB echo.
     """
 
     SLOT_S = 0.032
@@ -165,13 +169,6 @@ class EchoGate:
         self.floor = 0.0  # the microphone's energy with nobody talking and no echo
         self._last = False  # the previous window was echo
         self._since_fit = 0
-        self.far_active = False  # the bot's audio was playing at the last window
-
-    @property
-    def may_echo(self) -> bool:
-        """Whether echo may come back: no path learnt yet, or one with some gain (a headset's
-        microphone, silent while the bot spoke, has the path "no echo")."""
-        return self.path is None or bool(self.path.any())
 
     @property
     def may_echo(self) -> bool:
