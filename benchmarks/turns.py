@@ -6,8 +6,10 @@ instead of the tone) and calls it over the WebSocket API with `realtime_omni.cli
 caller asks a question, the answer plays from a loudspeaker whose sound comes back into the
 microphone (late, quieter, with reverb), and 1.2 s into the answer the condition's sound is
 made. Each condition runs under the policies asked for on the same corpus: `now` (pause first,
-abort after `min_interruption_ms`, the echo gate), `before` (`min_interruption_ms: 0`, no echo
-gate: any speech start over the bot aborts it, as the server did until this policy) and
+abort after `min_interruption_ms`, the echo gate listening through the echo canceller),
+`energy` (`now` with the gate on energies alone, `echo_gate_aec: false`), `before`
+(`min_interruption_ms: 0`, no echo gate: any speech start over the bot aborts it, as the server
+did until this policy) and
 `semantic` (`now` with `semantic_vad`: Smart Turn's real weights end the question's turn,
 instead of 500 ms of silence).
 
@@ -17,7 +19,7 @@ barge-ins (an interruption that did not abort it), onset -> the server stopped s
 -> abort acknowledged (`response.done` cancelled) and end of the question -> first audio.
 
     python benchmarks/turns.py [--trials 4] [--conditions echo-12,interrupt,...]
-                               [--policies now,before,semantic] [--smart-turn DIR] [--json PATH]
+                               [--policies now,energy,before,semantic] [--smart-turn DIR] [--json PATH]
 
 Needs espeak-ng.
 """
