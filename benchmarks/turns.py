@@ -19,7 +19,8 @@ barge-ins (an interruption that did not abort it), onset -> the server stopped s
 -> abort acknowledged (`response.done` cancelled) and end of the question -> first audio.
 
     python benchmarks/turns.py [--trials 4] [--conditions echo-12,interrupt,...]
-                               [--policies now,energy,before,semantic] [--smart-turn DIR] [--json PATH]
+                               [--policies now,energy,before,semantic] [--smart-turn DIR]
+                               [--json PATH]
 
 Needs espeak-ng.
 """
