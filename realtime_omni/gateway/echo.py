@@ -34,6 +34,7 @@ MAX_FAR_FRAMES = 100  # a second of far end waiting; older is dropped
 # AEC3 takes a converged echo path's echo down 30-40 dB, and a person talking over the bot (the
 # echo beside them or not) by at most 18 (`benchmarks/turns.py`).
 ECHO_CANCELLED_DB = 24.0
+QUIET_FRAMES = 100  # 1 s of silent far end: longer than any echo path and its reverb
 
 
 class EchoCanceller:
@@ -52,6 +53,7 @@ class EchoCanceller:
         self._far_rest = np.zeros(0, np.float32)
         self._near_rest = np.zeros(0, np.float32)
         self._beside_rest = np.zeros(0, np.float32)
+        self._quiet = QUIET_FRAMES + 1  # 10 ms frames since the far end last had sound
         self._silence = bytes(FRAME * 2)
 
     @classmethod
@@ -80,23 +82,35 @@ class EchoCanceller:
         n = len(x) // FRAME * FRAME
         self._near_rest = x[n:]
         out = np.empty(n, np.float32)
-        frame = self._rtc.AudioFrame
         for i in range(0, n, FRAME):
             far = self._far.popleft() if self._far else self._silence
-            self._apm.process_reverse_stream(frame(far, RATE_HZ, 1, FRAME))
-            near = frame(_pcm16(x[i : i + FRAME]), RATE_HZ, 1, FRAME)
-            self._apm.process_stream(near)
-            out[i : i + FRAME] = np.frombuffer(near.data, np.int16) / 32768.0
+            out[i : i + FRAME] = self._process(far, x[i : i + FRAME])
         return out
 
     def beside(self, pcm: np.ndarray) -> np.ndarray:
         """The microphone's whole 10 ms frames so far and, beside them, what the canceller
         leaves of each: [2, n] (a partial frame waits for the next call). The audio itself
-        goes on untouched; the echo gate weighs how much the canceller took away."""
+        goes on untouched; the echo gate weighs how much the canceller took away. While the
+        far end has been silent for `QUIET_FRAMES` (no echo can come back), frames are not
+        processed and come back as they are: the module costs nothing between answers."""
         x = np.concatenate([self._beside_rest, np.asarray(pcm, np.float32).reshape(-1)])
         n = len(x) // FRAME * FRAME
         self._beside_rest = x[n:]
-        return np.stack([x[:n], self.near(x[:n])])
+        out = x[:n].copy()
+        for i in range(0, n, FRAME):
+            far = self._far.popleft() if self._far else self._silence
+            self._quiet = 0 if far != self._silence else self._quiet + 1
+            if self._quiet <= QUIET_FRAMES:
+                out[i : i + FRAME] = self._process(far, x[i : i + FRAME])
+        return np.stack([x[:n], out])
+
+    def _process(self, far: bytes, near_pcm: np.ndarray) -> np.ndarray:
+        """One 10 ms frame of each side through the module."""
+        frame = self._rtc.AudioFrame
+        self._apm.process_reverse_stream(frame(far, RATE_HZ, 1, FRAME))
+        near = frame(_pcm16(near_pcm), RATE_HZ, 1, FRAME)
+        self._apm.process_stream(near)
+        return np.frombuffer(near.data, np.int16) / 32768.0
 
 
 def cancelled_db(mic: np.ndarray, clean: np.ndarray) -> float:
