@@ -245,6 +245,7 @@ class Coordinator:
             epochs=dict(self.epochs),
             ipc_dir=str(self.ipc_dir),
             owner_pid=self.owner_pid,
+            moved=dict(self.graph.moved),
         )
 
     def _spawn(self, process: str, epoch: int | None = None) -> subprocess.Popen[bytes]:
@@ -263,9 +264,25 @@ class Coordinator:
             return
         key = self.cfg.runtime.curve_secret_env
         env = {key: os.environ[key]} if key in os.environ else {}
-        args = self._worker_args(process)
         try:
+            node, ip = await asyncio.to_thread(self._ray.locate, process)
+            if node != self._ray.where[process][0]:  # Ray restarted its actor elsewhere
+                if not self.graph.use_tcp:
+                    raise StartupError(
+                        f"stage process {process} came back on node {node[:12]}, off this "
+                        "server's node, where its ipc sockets and shared memory cannot follow"
+                    )
+                log.warning("stage process %s moved to node %s (%s)", process, node[:12], ip)
+                self._ray.where[process] = (node, ip)
+            if self.graph.use_tcp and self.graph.address_of(process) != ip:
+                self.graph.moved[process] = ip  # peers learn it from PeerUp
+                sock = self.peers.pop(process, None)  # connected to where it was
+                if sock is not None:
+                    sock.close(linger=0)
+            args = self._worker_args(process)
             proc = await asyncio.to_thread(self._ray.start, process, args, ARGS_ENV, env)
+        except StartupError:
+            raise
         except Exception as e:  # its actor is gone for good, or Ray is
             why = f"stage process {process}: its Ray actor did not start it: {e}"
             raise StartupError(why) from None
@@ -724,14 +741,25 @@ class Coordinator:
             self._spawn_spare(process)
 
     async def _peer_up(self, process: str) -> None:
-        """Tell every other process that `process` is back, then take requests again."""
-        others = [p for p in self.graph.processes() if p != process and p not in self._down]
-        self._peer_up_waiting[process] = set(others)
-        self._peer_up_done[process] = self.loop.create_future()
-        for p in others:
-            self._send(p, m.PeerUp(process, self.epochs[process]))
-        if others:
+        """Tell every other live process that `process` is back, and `process` where each of
+        them is now (one that came back while it was down is not in its start-up arguments),
+        then take requests again. Processes restarting together (a node's) each skip the
+        others while they are down, so a round ends only once no live process is left
+        untold: of two rounds, the one that ends second tells both sides."""
+        told: set[str] = set()
+        address = self.graph.moved.get(process)  # where it runs now, if Ray moved it
+        while others := [
+            p
+            for p in self.graph.processes()
+            if p != process and p not in self._down and p not in told
+        ]:
+            self._peer_up_waiting[process] = set(others)
+            self._peer_up_done[process] = self.loop.create_future()
+            for p in others:
+                self._send(process, m.PeerUp(p, self.epochs[p], self.graph.moved.get(p)))
+                self._send(p, m.PeerUp(process, self.epochs[process], address))
             await within(self._peer_up_done[process], self.cfg.runtime.ready_timeout_s)
+            told.update(others)
         self._down.discard(process)
         if not self._down:
             self._healthy.set()

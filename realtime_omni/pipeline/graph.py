@@ -139,6 +139,9 @@ class Graph:
             self.wait_for[n] = tuple(s.wait_for if s.wait_for is not None else once_in)
         self.terminals = tuple(n for n, s in cfg.stages.items() if s.terminal)
         self.use_tcp = bool(cfg.hosts)
+        # Processes that came back somewhere else than the config placed them (Ray restarted
+        # them on another node): process -> the address their inbox is at now.
+        self.moved: dict[str, str] = {}
 
     def _auto_transport(self, src: str, dst: str) -> str:
         if self.process_of[src] == self.process_of[dst]:
@@ -169,6 +172,15 @@ class Graph:
     def local_processes(self) -> list[str]:
         return [p for p in self.processes() if self.host_of_process(p) is None]
 
+    def placed_address(self, process: str) -> str:
+        """The address the config gives `process` (its host's, else this machine's)."""
+        h = self.host_of_process(process)
+        return self.cfg.hosts[h].address if h else self.cfg.runtime.bind_host
+
+    def address_of(self, process: str) -> str:
+        """Where `process` listens now: where it moved, else where the config placed it."""
+        return self.moved.get(process) or self.placed_address(process)
+
     def endpoint(self, process: str, epoch: int, ipc_dir: Path) -> str:
         """The inbox address of `process` (or of the coordinator, `client`).
 
@@ -184,6 +196,5 @@ class Graph:
         else:
             # By sorted name, so hosts agree whatever order their copy of the config lists.
             port = rt.base_port + 1 + sorted(self.processes()).index(process)
-            h = self.host_of_process(process)
-            host = self.cfg.hosts[h].address if h else rt.bind_host
+            host = self.address_of(process)
         return f"tcp://{host}:{port}"

@@ -121,10 +121,12 @@ class PeerDown(_Message):
 
 
 class PeerUp(_Message):
-    """`process` is back as incarnation `epoch`; answer with `PeerUpAck`."""
+    """`process` is back as incarnation `epoch`; answer with `PeerUpAck`. `address`: where its
+    inbox is now, when it came back on another node than before."""
 
     process: str
     epoch: int
+    address: str | None = None
 
 
 class PeerUpAck(_Message):

@@ -216,6 +216,12 @@ class RayPlacement:
             log.info("ray placed %s on node %s (%s)", p, node[:12], ip)
         return placed
 
+    def locate(self, process: str) -> tuple[str, str]:
+        """The node (id, address) where `process`'s actor runs now: where Ray placed it, or
+        where it restarted the actor after its node went (waits for that restart)."""
+        node, ip = self.ray.get(self.actors[process].node.remote())
+        return str(node), str(ip)
+
     def start(self, process: str, args: Any, args_env: str, env: dict[str, str]) -> RayProcess:
         """Run `process` (`WorkerArgs`) through its actor."""
         actor = self.actors[process]

@@ -52,6 +52,7 @@ class WorkerArgs(msgspec.Struct):
     ipc_dir: str
     owner_pid: int  # the coordinator's pid: names shm segments
     watch_parent: bool = True  # exit when the coordinator (our parent) is gone
+    moved: dict[str, str] = {}  # processes not where the config put them -> their address
 
 
 def freeze_start_up() -> int:
@@ -127,6 +128,7 @@ class Worker:
         self.me = args.process
         self.cfg = parse_config(args.config)
         self.graph = Graph(self.cfg)
+        self.graph.moved.update(args.moved)  # this process among them, where it moved
         self.group = self.graph.groups[group_of(self.me)]
         self.ipc_dir = Path(args.ipc_dir)
         self.epochs = dict(args.epochs)
@@ -410,9 +412,14 @@ class Worker:
                 self._abort(rid)
             case m.PeerDown(process=p):
                 self._peer_down(p)
-            case m.PeerUp(process=p, epoch=epoch):
+            case m.PeerUp(process=p, epoch=epoch, address=address):
                 self.down.discard(p)
                 self.epochs[p] = epoch
+                if address is not None and self.graph.address_of(p) != address:
+                    self.graph.moved[p] = address  # the next send connects there
+                    sock = self.peers.pop(p, None)
+                    if sock is not None:
+                        sock.close(linger=0)
                 self._to_coordinator(m.PeerUpAck(self.me, p))
             case m.StatsRequest(token=token):
                 self._to_coordinator(self._stats(token))

@@ -51,9 +51,10 @@ def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
              for z in ("zone_a", "zone_b")}  # fmt: skip
     # zone_c twice: a standby where Ray puts zone_c's bundles when its node goes; one `talker`
     # on each, for two talker replicas on two nodes
-    for name in ("zone_c", "zone_c standby"):
+    # The standby listens at another loopback address, as another machine would have its own.
+    for name, ip in (("zone_c", "127.0.0.1"), ("zone_c standby", "127.0.0.2")):
         nodes[name] = c.add_node(
-            num_cpus=3, resources={"zone_c": 4, "talker": 1}, node_ip_address="127.0.0.1"
+            num_cpus=3, resources={"zone_c": 4, "talker": 1}, node_ip_address=ip
         )
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False, _node_ip_address="127.0.0.1")
@@ -178,7 +179,7 @@ def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
         async with Coordinator(ray_config()) as coord:
             assert coord._ray is not None
             assert await ask(coord) == "completed"
-            talker_node = coord._ray.where["talker_ar#0"][0]
+            talker_node, talker_ip = coord._ray.where["talker_ar#0"]
             (node,) = [n for n in nodes.values() if n.node_id == talker_node]
             slow = [asyncio.ensure_future(ask(coord, 80)) for _ in range(3)]
             await asyncio.sleep(1.0)
@@ -194,10 +195,12 @@ def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
             pid = coord.pid_of("talker_ar#0")
             moved = coord._procs["talker_ar#0"].node_id  # type: ignore[union-attr]
             return {"lost": lost, "ready": ready, "after": after, "pid": pid,
-                    "from": talker_node, "to": moved, "back_s": back_s}  # fmt: skip
+                    "from": talker_node, "to": moved, "back_s": back_s,
+                    "ip": (talker_ip, coord.graph.address_of("talker_ar#0"))}  # fmt: skip
 
     r = run(body(), limit_s=240)
     assert set(r["lost"]) == {"StageDied"}, r
     assert r["ready"] and r["after"] == "completed", r
     assert r["to"] != r["from"], r  # on the standby node now
+    assert r["ip"][0] != r["ip"][1], r  # at its address: the peers followed it there
     print(f"node removed -> its stages served again on the standby node: {r['back_s']:.1f} s")
