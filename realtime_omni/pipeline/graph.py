@@ -177,6 +177,14 @@ class Graph:
         h = self.host_of_process(process)
         return self.cfg.hosts[h].address if h else self.cfg.runtime.bind_host
 
+    def shares_memory(self, a: str, b: str) -> bool:
+        """Whether processes `a` and `b` still run on one machine, as their edge's shm or CUDA
+        IPC transport assumes: false once Ray moved one of them to a node at another address
+        (its payloads then go inline over TCP)."""
+        if not self.moved or not (a in self.moved or b in self.moved):
+            return True
+        return self.address_of(a) == self.address_of(b)
+
     def address_of(self, process: str) -> str:
         """Where `process` listens now: where it moved, else where the config placed it."""
         return self.moved.get(process) or self.placed_address(process)

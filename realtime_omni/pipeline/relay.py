@@ -138,18 +138,24 @@ class Outlet:
         return self.pool.acquire(request_id, peer)
 
     def pack(
-        self, request_id: str, lease: int, payload: Payload, route: dict[str, int]
+        self,
+        request_id: str,
+        lease: int,
+        payload: Payload,
+        route: dict[str, int],
+        shared: bool = True,
     ) -> tuple[DataReady, list[Any]]:
         """The control message and its frames for `payload` in the slot of `lease`. On error
-        the lease is released and the error raised."""
+        the lease is released and the error raised. `shared`: the peer still shares this
+        machine's memory (false: an shm or CUDA IPC edge sends inline)."""
         try:
-            return self._pack(request_id, lease, payload, route)
+            return self._pack(request_id, lease, payload, route, shared)
         except BaseException:
             self.pool.release(lease)
             raise
 
     def _pack(
-        self, request_id: str, lease: int, payload: Payload, route: dict[str, int]
+        self, request_id: str, lease: int, payload: Payload, route: dict[str, int], shared: bool
     ) -> tuple[DataReady, list[Any]]:
         meta, arrays, cuda = split_payload(payload)
         e = self.edge
@@ -157,17 +163,22 @@ class Outlet:
         if not arrays:
             return msg, []
         total = _needed(arrays)
-        if total > e.slot_bytes and e.transport in ("shm", "cuda_ipc"):
+        slotted = shared and e.transport in ("shm", "cuda_ipc")
+        if total > e.slot_bytes and slotted:
             raise PayloadTooLarge(
                 f"a payload of {total} bytes on edge {e.key} exceeds its slot of {e.slot_bytes} "
                 f"bytes. Fix: add {{src: {e.src}, dst: {e.dst}, slot_bytes: {total}}} (or more) "
                 "to the config's edges"
             )
-        if cuda:
+        if cuda and not shared:
+            from realtime_omni.pipeline.cuda_ipc import to_numpy
+
+            arrays = {k: to_numpy(v) if _is_cuda(v) else v for k, v in arrays.items()}
+        elif cuda:
             arrays = self._to_cuda_slot(msg, self.pool.slot(lease), arrays)
             if not arrays:
                 return msg, []
-        if e.transport in ("shm", "cuda_ipc") and total > self.inline_max_bytes:
+        if slotted and total > self.inline_max_bytes:
             self._to_shm_slot(msg, self.pool.slot(lease), arrays)
             return msg, []
         if total <= self.inline_max_bytes:

@@ -505,7 +505,8 @@ class Worker:
                     self.inbound[e.dst].append(item)
                 else:
                     try:
-                        msg, frames = outlet.pack(rid, lease, out.payload, route)
+                        shared = self.graph.shares_memory(self.me, peer)
+                        msg, frames = outlet.pack(rid, lease, out.payload, route, shared)
                         self._send(peer, msg, frames)
                     except (OmniError, TypeError, ValueError, msgspec.MsgspecError) as err:
                         # Nothing was sent (msgpack refused the metadata, say): the credit is

@@ -180,6 +180,23 @@ def test_tcp_endpoints_with_hosts(tmp_path: Path) -> None:
     assert g.endpoint("b#0", 0, tmp_path) == "tcp://10.0.0.1:50003"
 
 
+def test_a_moved_process_is_reached_at_its_new_address_and_shares_no_memory(
+    tmp_path: Path,
+) -> None:
+    g = graph(
+        {"a": st(next=["b"]), "b": st(next=["c"], host="h1"), "c": st(terminal=True, host="h1")},
+        hosts={"h1": {"address": "10.0.0.1"}},
+        runtime={"base_port": 50000},
+    )
+    assert g.edge("b", "c").transport == "shm" and g.shares_memory("b#0", "c#0")
+    g.moved["c#0"] = "10.0.0.2"  # Ray restarted it on another node
+    assert g.endpoint("c#0", 1, tmp_path) == "tcp://10.0.0.2:50003"
+    assert g.endpoint("b#0", 0, tmp_path) == "tcp://10.0.0.1:50002"
+    assert not g.shares_memory("b#0", "c#0")  # b's payloads for c go inline
+    g.moved["b#0"] = "10.0.0.2"  # b followed it there
+    assert g.shares_memory("b#0", "c#0")
+
+
 def test_edges_get_credits_for_a_batch() -> None:
     """A streaming edge not set in the config lends `max_batch` requests their share each; one
     set below the batch is refused, naming the fix. Once-edges keep their credits: a

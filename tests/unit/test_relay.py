@@ -193,6 +193,18 @@ def test_small_payloads_on_shm_edges_ride_inline(process: str) -> None:
     assert mine(process) == []
 
 
+def test_a_peer_that_no_longer_shares_memory_gets_shm_payloads_inline(process: str) -> None:
+    out = Outlet(edge("shm", slot_bytes=4096), process, 0, PID, inline_max_bytes=0)
+    lease = out.acquire("r1", "b#0")
+    assert lease is not None
+    x = np.arange(2048, dtype=np.float32)  # twice the slot: only the slot limits shm
+    msg, frames = out.pack("r1", lease, {"x": x}, {"b": 0}, shared=False)
+    assert msg.transport == "inline" and not msg.segment and len(frames) == 1
+    got = Inlet().open(decode(encode(msg)), [encode(msg), *(bytearray(f) for f in frames)])
+    assert np.array_equal(got["x"], x)
+    out.close()
+
+
 def test_an_edge_whose_slots_fit_inline_maps_no_memory(process: str) -> None:
     out = Outlet(edge("shm", slot_bytes=512), process, 0, PID, inline_max_bytes=1024)
     msg, _ = send(out, {"x": np.zeros(16, np.float32)})
