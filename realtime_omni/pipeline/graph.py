@@ -173,8 +173,9 @@ class Graph:
         return [p for p in self.processes() if self.host_of_process(p) is None]
 
     def placed_address(self, process: str) -> str:
-        """The address the config gives `process` (its host's, else this machine's)."""
-        h = self.host_of_process(process)
+        """The address the config gives `process` (its host's, else this machine's, which is
+        the coordinator's, `client`)."""
+        h = None if process == CLIENT else self.host_of_process(process)
         return self.cfg.hosts[h].address if h else self.cfg.runtime.bind_host
 
     def shares_memory(self, a: str, b: str) -> bool:

@@ -193,6 +193,7 @@ def test_a_moved_process_is_reached_at_its_new_address_and_shares_no_memory(
     assert g.endpoint("c#0", 1, tmp_path) == "tcp://10.0.0.2:50003"
     assert g.endpoint("b#0", 0, tmp_path) == "tcp://10.0.0.1:50002"
     assert not g.shares_memory("b#0", "c#0")  # b's payloads for c go inline
+    assert not g.shares_memory("c#0", CLIENT)  # nor is it on the coordinator's machine
     g.moved["b#0"] = "10.0.0.2"  # b followed it there
     assert g.shares_memory("b#0", "c#0")
 
