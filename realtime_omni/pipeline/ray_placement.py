@@ -22,8 +22,9 @@ the coordinator makes one for the deployment and hands it to the actors.
 A stage process that dies is seen when its actor's `wait` returns (at once; no heartbeat to
 miss); the coordinator's usual restart then starts it again through the same actor. An actor or
 node that dies fails its `wait` too; Ray restarts the actor (`max_restarts`), in its bundle, on
-a node that has the bundle's resources, and the restart lands there. A process that moved to a
-node with another address is not followed yet: its peers keep the address they computed.
+a node that has the bundle's resources, and the restart lands there. `locate` says where that
+is: the coordinator hands a process that moved its new address, and tells its peers (see the
+coordinator's `_launch` and `_peer_up`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Stages placed and supervised by Ray (`runtime.placement: ray`) on a local cluster of several
-nodes (`ray.cluster_utils.Cluster`, every node on 127.0.0.1, a custom resource per node standing
+nodes (`ray.cluster_utils.Cluster` on loopback addresses, a custom resource per node standing
 in for its GPUs): the seven simulated stages spread over three nodes serve concurrent requests;
 a stage SIGKILLed fails only what was on it, is restarted through its actor and serves the next
-request; a node removed fails only the requests on it, and its stages come back on the node
-that has its resource."""
+request; a node removed fails only the requests on it, and its stages come back on the standby
+node that has its resource, at that node's own address, where their peers follow them."""
 
 from __future__ import annotations
 
