@@ -157,8 +157,9 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._eot = EndOfTurn(vad=self._vad.params.threshold)
         self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
         self._aec: EchoCanceller | None = None  # made at start() when the settings want one
-        # What the VAD and the echo gate hear when the audio itself is not cancelled
-        # (`echo_gate_aec`): the microphone without the bot's echo; the input keeps the original.
+        # The echo gate's own canceller (`echo_gate_aec`), where the audio itself is not
+        # cancelled: what it leaves of each window goes beside the window, for the gate to
+        # weigh; the VAD and the input keep the microphone's own sound.
         self._gate_aec: EchoCanceller | None = None
         self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
@@ -200,8 +201,8 @@ class Session(ClientEvents, Responses, Transcriptions):
             self._aec = EchoCanceller.create(echo, noise) if echo or noise else None
         # Without a canceller on the audio, the echo gate may still listen through one.
         td = self.settings.turn_detection
-        listen = self._aec is None and td is not None and td.turns.echo_gate
-        listen = listen and td is not None and td.turns.echo_gate_aec
+        turns = td.turns if td is not None else None
+        listen = self._aec is None and turns is not None and turns.echo_gate and turns.echo_gate_aec
         had = self._gate_aec is not None
         if not listen:
             self._gate_aec = None

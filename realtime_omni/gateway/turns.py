@@ -47,10 +47,10 @@ class TurnParams:
     # Sound the echo gate (`echo.EchoGate`) explains as the bot's own audio coming back through
     # the microphone is taken as silence, by the VAD as by this policy.
     echo_gate: bool = True
-    # With the gate, the VAD and the gate hear the microphone through WebRTC's echo canceller
-    # (the `aec` extra), the playout as its far end: what the bot said is removed before they
-    # judge it. The audio a turn keeps is the microphone's own, untouched. Without the
-    # canceller the gate judges by energies alone, and a -6 dB echo paused every answer
+    # The gate also runs the microphone through WebRTC's echo canceller (the `aec` extra), the
+    # playout as its far end, and takes a window the canceller takes 24 dB from for echo. The
+    # VAD and the audio a turn keeps stay on the microphone's own sound. Off, or without the
+    # bindings, the gate judges by energies alone, and a -6 dB echo paused every answer
     # (`benchmarks/turns.py`).
     echo_gate_aec: bool = True
 
