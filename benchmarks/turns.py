@@ -6,8 +6,8 @@ instead of the tone) and calls it over the WebSocket API with `realtime_omni.cli
 caller asks a question, the answer plays from a loudspeaker whose sound comes back into the
 microphone (late, quieter, with reverb), and 1.2 s into the answer the condition's sound is
 made. Each condition runs under the policies asked for on the same corpus: `now` (pause first,
-abort after `min_interruption_ms`, the echo gate listening through the echo canceller),
-`energy` (`now` with the gate on energies alone, `echo_gate_aec: false`), `before`
+abort after `min_interruption_ms`, the echo gate), `aec` (`now` with the gate listening
+through the echo canceller too, `echo_gate_aec: true`), `before`
 (`min_interruption_ms: 0`, no echo gate: any speech start over the bot aborts it, as the server
 did until this policy) and
 `semantic` (`now` with `semantic_vad`: Smart Turn's real weights end the question's turn,
@@ -19,7 +19,7 @@ barge-ins (an interruption that did not abort it), onset -> the server stopped s
 -> abort acknowledged (`response.done` cancelled) and end of the question -> first audio.
 
     python benchmarks/turns.py [--trials 4] [--conditions echo-12,interrupt,...]
-                               [--policies now,energy,before,semantic] [--smart-turn DIR]
+                               [--policies now,aec,before,semantic] [--smart-turn DIR]
                                [--json PATH]
 
 Needs espeak-ng.
@@ -64,8 +64,8 @@ GAP_S = 0.12  # no audio delta for this long during an answer: it paused
 POLICIES = {
     "now": {},
     "before": {"min_interruption_ms": 0, "echo_gate": False},
-    # `now` with the echo gate on energies alone, as before it listened through an echo canceller
-    "energy": {"echo_gate_aec": False},
+    # `now` with the echo gate listening through WebRTC's echo canceller too (`echo_gate_aec`)
+    "aec": {"echo_gate_aec": True},
     # `now`, with the turn's end decided by Smart Turn (--smart-turn) instead of 500 ms of silence
     "semantic": {"type": "semantic_vad", "eagerness": "auto"},
 }

@@ -47,12 +47,15 @@ class TurnParams:
     # Sound the echo gate (`echo.EchoGate`) explains as the bot's own audio coming back through
     # the microphone is taken as silence, by the VAD as by this policy.
     echo_gate: bool = True
-    # The gate also runs the microphone through WebRTC's echo canceller (the `aec` extra), the
-    # playout as its far end, and takes a window the canceller takes 24 dB from for echo. The
-    # VAD and the audio a turn keeps stay on the microphone's own sound. Off, or without the
-    # bindings, the gate judges by energies alone, and a -6 dB echo paused every answer
-    # (`benchmarks/turns.py`).
-    echo_gate_aec: bool = True
+    # On: the gate also runs the microphone through WebRTC's echo canceller (the `aec` extra),
+    # the playout as its far end, and takes a window the canceller takes 24 dB from for echo;
+    # the VAD and the audio a turn keeps stay on the microphone's own sound. It ends the pauses
+    # a loud echo causes (-6 dB; -12 dB on the phone: 3/3 -> 0/3 in `benchmarks/turns.py`), but
+    # while no echo path is learnt the canceller's suppressor also damps a person talking over
+    # the far end: where no echo comes back (a headset), an interruption in an answer's first
+    # half second was heard for 192 ms instead of 736, short of `min_interruption_ms`. So it is
+    # off by default, for rooms with loudspeakers.
+    echo_gate_aec: bool = False
 
 
 class TurnPolicy:
