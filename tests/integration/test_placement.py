@@ -231,8 +231,14 @@ def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
             assert a != b  # two sessions at once share the load
             # later turns, with the other session busy meanwhile, go back where each started
             assert [await turn("sess_a") for _ in range(3)] == [a] * 3
-            # another caller busy on `a`: the least busy replica is the other, yet `a` keeps it
-            busy = await coord.submit({"max_tokens": 40, "session_id": "sess_x"})
+            # another caller busy on `a`: the least busy replica is the other, yet `a` keeps it.
+            # (A new session goes to the least busy replica, a tie to either: the caller is the
+            # one of two sessions started together that went to `a`.)
+            x1, x2 = await asyncio.gather(turn("sess_x1"), turn("sess_x2"))
+            assert x1 != x2
+            busy = await coord.submit(
+                {"max_tokens": 40, "session_id": "sess_x1" if x1 == a else "sess_x2"}
+            )
             assert coord._requests[busy.request_id].route["talker_ar"] == a
             assert await turn("sess_a") == a
             await busy.collect()
