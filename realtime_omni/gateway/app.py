@@ -92,10 +92,6 @@ class Gateway:
             from realtime_omni.gateway.vad import SileroVad
 
             self.vad_factory = (await asyncio.to_thread(SileroVad)).stream
-            from realtime_omni.gateway.echo import EchoCanceller
-
-            if EchoCanceller.available():  # the echo gate's: LiveKit's runtime starts with one
-                await asyncio.to_thread(EchoCanceller)
         if self.config.realtime.smart_turn_dir:
             from realtime_omni.gateway.end_of_turn import SmartTurn
 

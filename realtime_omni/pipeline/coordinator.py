@@ -715,12 +715,9 @@ class Coordinator:
             proc.wait()
         epoch, spare = self._spares.pop(process, (0, None))
         if spare is not None and spare.poll() is None and self._spare_ready[process].done():
-            # The spare takes over: tell it where every peer is now, then announce it.
+            # The spare takes over: the peer-up round tells it where every peer is now.
             self.epochs[process], self._procs[process] = epoch, spare
             self._ready[process] = self._spare_ready.pop(process)
-            for p in self.graph.processes():
-                if p != process and p not in self._down:
-                    self._send(process, m.PeerUp(p, self.epochs[p]))
             await self._peer_up(process)
             self._spawn_spare(process)
             return
