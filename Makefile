@@ -15,7 +15,7 @@ $(BIN)/python:
 CLIENTS := .cache/venvs
 
 install: $(BIN)/python $(CLIENTS)/agents/bin/python $(CLIENTS)/pipecat/bin/python
-	$(BIN)/pip install -q -e ".[test,sip,aec,ray]"
+	$(BIN)/pip install -q -e ".[test,sip,aec,ray,mooncake]"
 
 $(CLIENTS)/agents/bin/python:
 	$(PY) -m venv $(CLIENTS)/agents

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from realtime_omni.errors import ConfigError
 
-Transport = Literal["auto", "reference", "inline", "shm", "cuda_ipc", "tcp"]
+Transport = Literal["auto", "reference", "inline", "shm", "cuda_ipc", "tcp", "mooncake"]
 _DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 # Top-level sections of a config file that belong to the gateway (`gateway/config.py` parses
@@ -146,6 +146,12 @@ class RuntimeConfig(_Strict):
         default=47100, ge=1024, le=65000, description="First TCP port when `hosts` are used."
     )
     bind_host: str = Field(default="127.0.0.1", description="This machine's address for TCP.")
+    mooncake_protocol: Literal["tcp", "rdma"] = Field(
+        default="tcp",
+        description="How edges with `transport: mooncake` move payloads between machines "
+        "(Mooncake's transfer engine, the `mooncake` extra): tcp, or rdma on an RDMA fabric. "
+        "Not authenticated, unlike the CurveZMQ control plane: a private network only.",
+    )
     curve_secret_env: str = Field(
         default="REALTIME_OMNI_CURVE_SECRET",
         description="The environment variable holding the deployment's CurveZMQ secret key (40 "
@@ -438,6 +444,14 @@ def _check(cfg: PipelineConfig, src: str) -> None:
         for st_ in (s_st, d_st):  # replicas on several hosts: no one host to share memory on
             if st_ is not None and st_.replica_hosts and len(set(st_.replica_hosts)) > 1:
                 s_host, d_host = "several", "hosts"
+        if e.transport == "mooncake" and s_proc == d_proc:
+            _fail(
+                src,
+                f"{field}.transport",
+                e.transport,
+                f"{e.src} and {e.dst} share a process",
+                "use mooncake between processes (across machines), reference within one",
+            )
         if e.transport == "reference" and s_proc != d_proc:
             _fail(
                 src,

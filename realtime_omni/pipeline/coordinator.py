@@ -214,8 +214,10 @@ class Coordinator:
             self.owner_pid,
             rt.inline_max_bytes,
             self.cfg.stages[self.graph.entry].device,
+            rt.bind_host,
+            rt.mooncake_protocol,
         )
-        self.inlet = Inlet()
+        self.inlet = Inlet(host=rt.bind_host, mooncake_protocol=rt.mooncake_protocol)
         self._recv_task = asyncio.create_task(self._receive())
         self._stop_monitor = threading.Event()
         try:

@@ -17,7 +17,7 @@ class Edge:
     src: str
     dst: str
     kind: Literal["once", "stream"]
-    transport: str  # reference | inline | shm | cuda_ipc | tcp
+    transport: str  # reference | inline | shm | cuda_ipc | tcp | mooncake
     slots: int  # credits: payloads in flight on this edge at most
     slot_bytes: int  # largest payload; shm and cuda_ipc slots are this big
     request_slots: int = 0  # payloads of one request in flight at most (0: no cap)

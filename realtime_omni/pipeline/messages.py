@@ -27,7 +27,8 @@ class ArrayRef(msgspec.Struct, array_like=True):
     """Where one array of a payload lives and how to view it.
 
     `frame` >= 1 is an inline ZMQ frame; 0 is `DataReady.blob` at `offset`; -1 is `offset` in
-    the slot named by the enclosing `DataReady` (shared memory or CUDA IPC).
+    the slot named by the enclosing `DataReady` (shared memory or CUDA IPC; on a Mooncake edge,
+    `offset` is the array's address in the sender's registered memory).
     """
 
     name: str
@@ -50,8 +51,8 @@ class DataReady(_Message):
     meta: dict[str, Any]
     arrays: list[ArrayRef]
     route: dict[str, int]  # process group -> replica index, fixed per request
-    transport: str  # "inline" | "shm" | "cuda_ipc"
-    segment: str = ""  # shm segment name, or CUDA IPC pool id
+    transport: str  # "inline" | "shm" | "cuda_ipc" | "mooncake"
+    segment: str = ""  # shm segment name, CUDA IPC pool id, or Mooncake session (host:port)
     handle: bytes = b""  # CUDA IPC pool handle, read once per pool by the receiver
     # Small arrays' bytes, back to back. Decoded as a view into the received frame (no copy);
     # a sender may set bytes.

@@ -14,7 +14,10 @@ Transports (chosen per edge by `Graph`):
   `inline_max_bytes` still ride inline;
 - cuda_ipc: CUDA tensors are copied into a slot of a GPU pool the sender owns. CUDA tensors on
   any other edge (to a CPU stage, to the client), or mixed with numpy arrays in one payload,
-  move as numpy like the rest.
+  move as numpy like the rest;
+- mooncake: arrays are copied into a slot of memory the sender registered with Mooncake's
+  transfer engine, which the receiver reads across machines (`pipeline/mooncake.py`); payloads
+  up to `inline_max_bytes` still ride inline.
 
 Every payload takes one credit (a lease) of the edge's `SlotPool`, whatever the transport; the
 receiver's `DataAck` gives it back. Arrays the receiver gets from a slot are read-only views, valid
@@ -113,8 +116,11 @@ class Outlet:
         owner_pid: int,
         inline_max_bytes: int,
         dst_device: str = "cpu",
+        host: str = "127.0.0.1",
+        mooncake_protocol: str = "tcp",
     ) -> None:
         self.edge = edge
+        self.host, self.mooncake_protocol = host, mooncake_protocol  # where our engine listens
         self.dst_device = dst_device
         self.process = process
         self.pool = SlotPool(edge.slots)
@@ -128,6 +134,7 @@ class Outlet:
             self.segment = Segment(self._segment_name, edge.slots * self.stride, create=True)
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
         self.ipc: bool | None = None  # whether CUDA IPC works on this edge, found on first use
+        self.mooncake: Any = None  # realtime_omni.pipeline.mooncake.Slots, made on first use
 
     def acquire(self, request_id: str, peer: str) -> int | None:
         """A lease on a slot for one payload of `request_id`, or None: none free, or the request
@@ -163,7 +170,8 @@ class Outlet:
         if not arrays:
             return msg, []
         total = _needed(arrays)
-        slotted = shared and e.transport in ("shm", "cuda_ipc")
+        # Mooncake's slots are read across machines: `shared` does not matter to them.
+        slotted = (shared and e.transport in ("shm", "cuda_ipc")) or e.transport == "mooncake"
         if total > e.slot_bytes and slotted:
             raise PayloadTooLarge(
                 f"a payload of {total} bytes on edge {e.key} exceeds its slot of {e.slot_bytes} "
@@ -179,7 +187,10 @@ class Outlet:
             if not arrays:
                 return msg, []
         if slotted and total > self.inline_max_bytes:
-            self._to_shm_slot(msg, self.pool.slot(lease), arrays)
+            if e.transport == "mooncake":
+                self._to_mooncake_slot(msg, self.pool.slot(lease), arrays)
+            else:
+                self._to_shm_slot(msg, self.pool.slot(lease), arrays)
             return msg, []
         if total <= self.inline_max_bytes:
             # Small: the bytes ride inside the control message itself; one frame is faster.
@@ -234,22 +245,39 @@ class Outlet:
             msg.arrays.append(ArrayRef(name, _name(a.dtype), a.shape, -1, offset, a.nbytes))
             offset += _aligned(a.nbytes)
 
+    def _to_mooncake_slot(self, msg: DataReady, slot: int, arrays: dict[str, Any]) -> None:
+        if self.mooncake is None:
+            from realtime_omni.pipeline.mooncake import Slots
+
+            self.mooncake = Slots(self.host, self.mooncake_protocol, self.edge.slots, self.stride)
+        msg.transport, msg.segment = "mooncake", self.mooncake.engine.session
+        for name, a, address in self.mooncake.write(slot, arrays, ALIGN):
+            # `offset`: the array's address in the sender's registered memory
+            msg.arrays.append(ArrayRef(name, _name(a.dtype), a.shape, -1, address, a.nbytes))
+
     def close(self) -> None:
         if self.segment is not None:
             self.segment.close()
             self.segment.unlink()
             self.segment = None
+        if self.mooncake is not None:
+            self.mooncake.close()
+            self.mooncake = None
         self.cuda = self.ipc = None
 
 
 class Inlet:
     """The receiving end of every edge into one process: maps senders' segments on first use."""
 
-    def __init__(self, max_segments: int = 1024) -> None:
+    def __init__(
+        self, max_segments: int = 1024, host: str = "127.0.0.1", mooncake_protocol: str = "tcp"
+    ) -> None:
         # Bounded: one entry per (sender incarnation, edge); `forget` drops a dead sender's.
         self._segments: OrderedDict[str, Segment] = OrderedDict()
         self._cuda: OrderedDict[str, Any] = OrderedDict()
         self.max_segments = max_segments
+        self.host, self.mooncake_protocol = host, mooncake_protocol
+        self.mooncake: Any = None  # realtime_omni.pipeline.mooncake.Reader, made on first use
 
     def open(self, msg: DataReady, frames: list[Any]) -> Payload:
         """The payload of `msg`; arrays are read-only and valid until the message is acked."""
@@ -270,6 +298,15 @@ class Inlet:
                 pool = self._cache(self._cuda, msg.segment, opened)
             for ref in msg.arrays:
                 payload[ref.name] = pool.view(ref)
+            return payload
+        if msg.transport == "mooncake":
+            if self.mooncake is None:
+                from realtime_omni.pipeline.mooncake import Reader
+
+                self.mooncake = Reader(self.host, self.mooncake_protocol)
+            spans = [(ref.offset, ref.nbytes) for ref in msg.arrays]
+            for ref, raw in zip(msg.arrays, self.mooncake.read(msg.segment, spans), strict=True):
+                payload[ref.name] = raw.view(dtype_of(ref.dtype)).reshape(ref.shape)
             return payload
         if msg.transport == "shm":
             seg = self._segments.get(msg.segment)

@@ -146,7 +146,9 @@ class Worker:
         # Copying small frames out is faster than pyzmq's zero-copy frames; only TCP edges
         # carry large inline payloads, where zero-copy pays.
         self.copy_recv = not self.graph.use_tcp
-        self.inlet = Inlet()
+        rt = self.cfg.runtime
+        here = self.graph.address_of(self.me)  # where a Mooncake engine of ours listens
+        self.inlet = Inlet(host=here, mooncake_protocol=rt.mooncake_protocol)
 
         self.stages: dict[str, Stage] = {}
         self.outlets: dict[tuple[str, str], Outlet] = {}
@@ -162,7 +164,6 @@ class Worker:
         # stay unacknowledged and its senders upstream run out of credit for it: backpressure.
         # Bounded by the credits of the stage's input edges.
         self.inbound: dict[str, deque[_In]] = {}
-        rt = self.cfg.runtime
         for name in self.group.stages:
             st = self.cfg.stages[name]
             ctx = StageContext(
@@ -185,7 +186,14 @@ class Worker:
             for e in self.graph.out_edges[name]:
                 dev = self.cfg.stages[e.dst].device if e.dst in self.cfg.stages else "cpu"
                 self.outlets[(e.src, e.dst)] = Outlet(
-                    e, self.me, args.epoch, args.owner_pid, rt.inline_max_bytes, dev
+                    e,
+                    self.me,
+                    args.epoch,
+                    args.owner_pid,
+                    rt.inline_max_bytes,
+                    dev,
+                    here,
+                    rt.mooncake_protocol,
                 )
         self.gc_frozen = 0  # objects `run` froze
         self.running = True
