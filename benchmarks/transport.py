@@ -36,6 +36,7 @@ import numpy as np
 import zmq
 
 from realtime_omni.pipeline import messages as m
+from realtime_omni.pipeline import mooncake
 from realtime_omni.pipeline.config import RuntimeConfig
 from realtime_omni.pipeline.graph import Edge
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload
@@ -265,13 +266,16 @@ def run_zmq(
     transport: str, sizes: list[int], iters: int | None, warmup: int, tmp: str
 ) -> Latencies:
     """One receiver process for every size of `transport`; payloads go one at a time.
-    `tcp_curve`: TCP with CurveZMQ, as between hosts (or Ray nodes)."""
+    `tcp_curve`: TCP with CurveZMQ, as between hosts (or Ray nodes); `mooncake`: the control
+    messages so, the arrays of a payload over `inline_max_bytes` read through Mooncake's
+    transfer engine (its TCP protocol)."""
     cuda = transport == "cuda_ipc"
-    secret = zmq.curve_keypair()[1] if transport == "tcp_curve" else None
-    transport = "tcp" if secret is not None else transport
+    secret = zmq.curve_keypair()[1] if transport in ("tcp_curve", "mooncake") else None
+    edge_transport = "mooncake" if transport == "mooncake" else transport
+    transport = "tcp" if secret is not None else transport  # the control messages' channel
     where = "tcp://127.0.0.1" if transport == "tcp" else f"ipc://{tmp}/{transport}"
     inline_max = 0 if transport == "shm" else RuntimeConfig().inline_max_bytes  # shm: always a slot
-    edge = Edge("sender", "receiver", "stream", transport, 2, max(sizes))
+    edge = Edge("sender", "receiver", "stream", edge_transport, 2, max(sizes))
     outlet = Outlet(edge, "sender", 0, os.getpid(), inline_max, "cuda:0" if cuda else "cpu")
     ctx = zmq.Context()
     acks, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
@@ -453,9 +457,11 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH", help="also write the results here as JSON")
     args = ap.parse_args()
     sizes = list(SIZES_BYTES)
-    transports = ["reference", "inline", "shm", "tcp", "tcp_curve", "cuda_ipc"]
+    transports = ["reference", "inline", "shm", "tcp", "tcp_curve", "mooncake", "cuda_ipc"]
     if (skip := cuda_skip_reason()) is not None:
         transports.remove("cuda_ipc")
+    if not mooncake.available():
+        transports.remove("mooncake")
 
     passes = []
     for r in range(args.rounds):
@@ -510,8 +516,12 @@ def main() -> None:
     print("array pickled through a multiprocessing.Queue; zmq bare, raw bytes in one ZMQ frame")
     print("over ipc:// with no runtime code (the floor under the ipc rows). Verdicts only on the")
     print("rows the runtime uses for that size between processes: 4 KB inline, 3,136 KB in a slot.")
+    print("The rows between machines (here over loopback): tcp_curve, and mooncake, whose control")
+    print("messages go as tcp_curve's and whose payloads over 16 KB Mooncake's engine reads.")
     if skip is not None:
         print(f"cuda_ipc: skipped ({skip})")
+    if "mooncake" not in transports:
+        print("mooncake: skipped (the mooncake extra is not installed)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "baselines": baselines}, f, indent=2)

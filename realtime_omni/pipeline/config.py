@@ -146,6 +146,12 @@ class RuntimeConfig(_Strict):
         default=47100, ge=1024, le=65000, description="First TCP port when `hosts` are used."
     )
     bind_host: str = Field(default="127.0.0.1", description="This machine's address for TCP.")
+    cross_host_transport: Literal["tcp", "mooncake"] = Field(
+        default="tcp",
+        description="What an edge between two hosts (or Ray nodes) left at `transport: auto` "
+        "uses: tcp (CurveZMQ, authenticated), or mooncake (Mooncake's transfer engine: the "
+        "`mooncake` extra, a private network only).",
+    )
     mooncake_protocol: Literal["tcp", "rdma"] = Field(
         default="tcp",
         description="How edges with `transport: mooncake` move payloads between machines "

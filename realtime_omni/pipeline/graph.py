@@ -147,7 +147,7 @@ class Graph:
         if self.process_of[src] == self.process_of[dst]:
             return "reference"
         if self.host_of[src] != self.host_of[dst] or {src, dst} & self.spans:
-            return "tcp"
+            return self.cfg.runtime.cross_host_transport
         devs = [self.stages[s].device if s != CLIENT else "cpu" for s in (src, dst)]
         if all(d.startswith("cuda") for d in devs):
             return "cuda_ipc"

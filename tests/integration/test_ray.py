@@ -65,14 +65,14 @@ def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
         c.shutdown()
 
 
-def ray_config(talkers: int = 1) -> Any:
+def ray_config(talkers: int = 1, **runtime: Any) -> Any:
     data = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     for name, st in data["stages"].items():
         st["resources"] = {PLACE[name]: 1}
     if talkers > 1:  # one per node that has a `talker`
         data["stages"]["talker_ar"] |= {"replicas": talkers, "resources": {"talker": 1}}
     data.setdefault("runtime", {}).update(
-        placement="ray", ready_timeout_s=60, heartbeat_timeout_s=30
+        placement="ray", ready_timeout_s=60, heartbeat_timeout_s=30, **runtime
     )
     return parse_config(data)
 
@@ -116,6 +116,24 @@ def test_seven_stages_over_three_nodes_serve_and_survive_a_kill(cluster: Any) ->
     assert r["outcomes"] == ["completed"] * 20, r["outcomes"]
     assert set(r["killed"]) == {"StageDied"}, r["killed"]
     assert r["after"] == "completed" and r["new_pid"] != r["pid"], r
+
+
+def test_payloads_between_nodes_can_go_through_mooncake(cluster: Any) -> None:
+    pytest.importorskip("mooncake.engine", reason="the mooncake extra is not installed")
+
+    async def body() -> tuple[list[str], dict[str, str]]:
+        async with Coordinator(ray_config(cross_host_transport="mooncake")) as coord:
+            outcomes = await asyncio.gather(*(ask(coord, 12) for _ in range(10)))
+            edges = {e.key: e.transport for e in coord.graph.edges}
+            assert coord.inlet.mooncake is not None  # code2wav's audio came that way
+            return outcomes, edges
+
+    outcomes, edges = run(body(), limit_s=120)
+    assert outcomes == ["completed"] * 10
+    # Across nodes (thinker on zone_b, the talker on zone_c, the server on the head): Mooncake;
+    # within a node: shared memory still.
+    assert edges["thinker->talker_ar"] == edges["code2wav->client"] == "mooncake", edges
+    assert edges["talker_ar->code2wav"] == "shm" and "tcp" not in edges.values(), edges
 
 
 def test_stages_on_the_servers_own_node_keep_ipc_and_shared_memory(cluster: Any) -> None:

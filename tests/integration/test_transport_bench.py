@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from realtime_omni.pipeline import mooncake
 from realtime_omni.pipeline.shm import list_segments
 from tests.conftest import ROOT, timeout
 
@@ -47,12 +48,15 @@ def test_transport_benchmark_smoke(tmp_path: Path) -> None:
         assert set(r) == {"transport", "payload_bytes", "p50_us", "p99_us"}
         assert 0 < r["p50_us"] <= r["p99_us"]
     ran = {r["transport"] for r in rows}
-    assert CPU_TRANSPORTS <= ran <= CPU_TRANSPORTS | {"cuda_ipc"}
+    assert CPU_TRANSPORTS <= ran <= CPU_TRANSPORTS | {"cuda_ipc", "mooncake"}
+    assert ("mooncake" in ran) == mooncake.available()
     assert sorted((r["transport"], r["payload_bytes"]) for r in rows) == sorted(
         (t, n) for t in ran for n in SIZES_BYTES
     )
     if "cuda_ipc" not in ran:
         assert "cuda_ipc: skipped (" in stdout
+    if "mooncake" not in ran:
+        assert "mooncake: skipped (" in stdout
 
     baselines = data["baselines"]
     for b in baselines:
