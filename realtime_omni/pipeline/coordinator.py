@@ -638,8 +638,16 @@ class Coordinator:
         if req is None or req.stream.closed:
             release()
             return
-        # Copied out so the caller owns it; the credit goes back only when the caller takes it.
-        req.stream._put((msg.src, copy_payload(self.inlet.open(msg, frames)), release))
+        try:
+            payload = self.inlet.open(msg, frames)
+        except (OSError, ValueError, RequestError) as e:  # its writer died; a failed read
+            release()
+            self._fail(req, RequestError(f"cannot read output of {msg.src}: {e}"))
+            return
+        if msg.transport != "mooncake":  # a Mooncake read gives arrays it owns already
+            payload = copy_payload(payload)
+        # The caller owns its arrays; the credit goes back only when the caller takes it.
+        req.stream._put((msg.src, payload, release))
 
     # ---- faults ------------------------------------------------------------------------
 

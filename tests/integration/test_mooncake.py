@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from realtime_omni.errors import PayloadTooLarge
+from realtime_omni.errors import PayloadTooLarge, RequestError
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
@@ -77,14 +77,34 @@ def test_an_edge_through_mooncake_moves_payloads_between_processes() -> None:
             payload = inlet.open(msg, [b"", *reply[1]])
             assert payload["hidden"].dtype == ml_dtypes.bfloat16
             assert payload["hidden"].tobytes() == hidden(rows, seed).tobytes()
-            # The slot comes back on the ack and is written again (two slots, three payloads).
+            # The slot comes back on the ack; the pool lends it again first, for the next one.
             here.send(("ack", msg.lease))
-    finally:
         here.send(None)
         child.join(10)
+        assert child.exitcode == 0
+        assert inlet.mooncake is not None  # it read through its engine
+    finally:
+        child.kill()
         inlet.close()
-    assert inlet.mooncake is not None  # it read through its engine
-    assert child.exitcode == 0
+
+
+def test_a_payload_whose_sender_died_before_it_was_read_fails_clearly() -> None:
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    child = ctx.Process(target=sender, args=(there,), daemon=True)
+    child.start()
+    inlet = Inlet()
+    try:
+        here.send(("send", 130, 7))
+        msg = m.decode(here.recv()[0])
+        assert isinstance(msg, m.DataReady) and msg.transport == "mooncake"
+        child.kill()
+        child.join(10)
+        with pytest.raises(RequestError, match="Mooncake read from"):
+            inlet.open(msg, [])
+    finally:
+        child.kill()
+        inlet.close()
 
 
 @pytest.mark.usefixtures("curve_key")
