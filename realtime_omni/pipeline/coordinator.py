@@ -217,7 +217,11 @@ class Coordinator:
             rt.bind_host,
             rt.mooncake_protocol,
         )
-        self.inlet = Inlet(host=rt.bind_host, mooncake_protocol=rt.mooncake_protocol)
+        self.inlet = Inlet(
+            host=rt.bind_host,
+            mooncake_protocol=rt.mooncake_protocol,
+            mooncake=any(e.transport == "mooncake" for e in self.graph.in_edges[m.CLIENT]),
+        )
         self._recv_task = asyncio.create_task(self._receive())
         self._stop_monitor = threading.Event()
         try:

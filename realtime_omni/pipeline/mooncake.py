@@ -114,10 +114,15 @@ class Reader:
         self.engine: Engine | None = None
         self.scratch: np.ndarray | None = None
 
-    def read(self, session: str, spans: list[tuple[int, int]]) -> list[np.ndarray]:
-        """The bytes at each (address, nbytes) of the engine `session`, as arrays it owns."""
+    def start(self) -> Reader:
         if self.engine is None:
             self.engine = Engine.of(self.host, self.protocol)
+        return self
+
+    def read(self, session: str, spans: list[tuple[int, int]]) -> list[np.ndarray]:
+        """The bytes at each (address, nbytes) of the engine `session`, as arrays it owns."""
+        self.start()
+        assert self.engine is not None
         total = sum(-(-n // 256) * 256 for _, n in spans)
         with self.engine.lock:
             if self.scratch is None or len(self.scratch) < total:

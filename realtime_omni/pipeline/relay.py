@@ -134,7 +134,12 @@ class Outlet:
             self.segment = Segment(self._segment_name, edge.slots * self.stride, create=True)
         self.cuda: Any = None  # realtime_omni.pipeline.cuda_ipc.CudaSlots, made on first use
         self.ipc: bool | None = None  # whether CUDA IPC works on this edge, found on first use
-        self.mooncake: Any = None  # realtime_omni.pipeline.mooncake.Slots, made on first use
+        self.mooncake: Any = None  # realtime_omni.pipeline.mooncake.Slots
+        if edge.transport == "mooncake" and edge.slot_bytes > inline_max_bytes:
+            # Made now, as an shm segment is: a missing engine fails the start, not a request.
+            from realtime_omni.pipeline.mooncake import Slots
+
+            self.mooncake = Slots(host, mooncake_protocol, edge.slots, self.stride)
 
     def acquire(self, request_id: str, peer: str) -> int | None:
         """A lease on a slot for one payload of `request_id`, or None: none free, or the request
@@ -270,14 +275,23 @@ class Inlet:
     """The receiving end of every edge into one process: maps senders' segments on first use."""
 
     def __init__(
-        self, max_segments: int = 1024, host: str = "127.0.0.1", mooncake_protocol: str = "tcp"
+        self,
+        max_segments: int = 1024,
+        host: str = "127.0.0.1",
+        mooncake_protocol: str = "tcp",
+        mooncake: bool = False,
     ) -> None:
+        """`mooncake`: an edge into this process goes through Mooncake: start the engine now."""
         # Bounded: one entry per (sender incarnation, edge); `forget` drops a dead sender's.
         self._segments: OrderedDict[str, Segment] = OrderedDict()
         self._cuda: OrderedDict[str, Any] = OrderedDict()
         self.max_segments = max_segments
         self.host, self.mooncake_protocol = host, mooncake_protocol
         self.mooncake: Any = None  # realtime_omni.pipeline.mooncake.Reader, made on first use
+        if mooncake:
+            from realtime_omni.pipeline.mooncake import Reader
+
+            self.mooncake = Reader(host, mooncake_protocol).start()
 
     def open(self, msg: DataReady, frames: list[Any]) -> Payload:
         """The payload of `msg`; arrays are read-only and valid until the message is acked."""

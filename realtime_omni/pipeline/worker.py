@@ -148,7 +148,12 @@ class Worker:
         self.copy_recv = not self.graph.use_tcp
         rt = self.cfg.runtime
         here = self.graph.address_of(self.me)  # where a Mooncake engine of ours listens
-        self.inlet = Inlet(host=here, mooncake_protocol=rt.mooncake_protocol)
+        into = [e for n in self.group.stages for e in self.graph.in_edges[n]]
+        self.inlet = Inlet(
+            host=here,
+            mooncake_protocol=rt.mooncake_protocol,
+            mooncake=any(e.transport == "mooncake" for e in into),
+        )
 
         self.stages: dict[str, Stage] = {}
         self.outlets: dict[tuple[str, str], Outlet] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import subprocess
+import sys
 from multiprocessing.connection import Connection
 
 import ml_dtypes
@@ -82,7 +83,7 @@ def test_an_edge_through_mooncake_moves_payloads_between_processes() -> None:
         here.send(None)
         child.join(10)
         assert child.exitcode == 0
-        assert inlet.mooncake is not None  # it read through its engine
+        assert inlet.mooncake.scratch is not None  # it read through its engine
     finally:
         child.kill()
         inlet.close()
@@ -126,7 +127,7 @@ def test_the_simulated_graph_runs_with_its_remote_talker_behind_mooncake(tmp_pat
                 streams = [await coord.submit({"max_tokens": 12}) for _ in range(4)]
                 for s in streams:
                     check_complete(await s.collect(), 12)
-                assert coord.inlet.mooncake is not None  # code2wav's audio came that way
+                assert coord.inlet.mooncake.scratch is not None  # code2wav's audio came that way
                 await all_slots_free(coord)
         finally:
             remote.kill()
@@ -145,3 +146,11 @@ def test_mooncake_between_stages_of_one_process_is_refused() -> None:
     cfg["edges"] = [{"src": "thinker", "dst": "talker_ar", "transport": "mooncake"}]
     with pytest.raises(ConfigError, match="share a process"):
         parse_config(cfg)
+
+
+def test_a_mooncake_edge_without_the_engine_fails_at_start_with_the_fix(monkeypatch) -> None:
+    from realtime_omni.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'realtime-omni\[mooncake\]'"):
+        Outlet(EDGE, "thinker#0", 0, 1, inline_max_bytes=4096, host="127.0.0.3")
