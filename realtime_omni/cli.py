@@ -164,7 +164,8 @@ def _check(path: str) -> int:
         batches = ", ".join(f"{s} (max_batch {graph.stages[s].max_batch})" for s in group.stages)
         print(f"process {name} x{group.replicas}{where}: {batches}")
     for e in graph.edges:
-        reserved = e.slots * e.slot_bytes if e.transport in ("shm", "cuda_ipc") else 0
+        # Mooncake's slots are memory the sender registers with its engine (`pipeline/mooncake.py`).
+        reserved = e.slots * e.slot_bytes if e.transport in ("shm", "cuda_ipc", "mooncake") else 0
         print(
             f"  {e.key:32} {e.kind:6} {e.transport:9} {e.slots:4} slots x {e.slot_bytes} B, "
             f"{e.request_slots} per request, reserves {reserved / 2**20:.1f} MiB"

@@ -53,6 +53,21 @@ def test_auto_transports() -> None:
     }
 
 
+def test_edges_across_hosts_can_go_through_mooncake() -> None:
+    g = graph(
+        {
+            "a": st(next=["b"]),
+            "b": st(next=["c"], host="h1"),
+            "c": st(host="h1", terminal=True),
+        },
+        hosts={"h1": {"address": "10.0.0.1"}},
+        runtime={"cross_host_transport": "mooncake"},
+    )
+    got = {e.key: e.transport for e in g.edges}
+    # Within a host, shared memory still; the client is on the coordinator's machine.
+    assert got == {"client->a": "shm", "a->b": "mooncake", "b->c": "shm", "c->client": "mooncake"}
+
+
 def test_cuda_stages_in_one_process_hand_over_by_reference() -> None:
     g = graph(
         {
