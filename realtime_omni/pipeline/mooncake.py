@@ -56,7 +56,7 @@ class Engine:
             )
         self.session = f"{host}:{self.te.get_rpc_port()}"
         self.lock = threading.Lock()  # one transfer at a time: the worker's threads share it
-        self._buffers: list[np.ndarray] = []  # registered: kept alive until `close`
+        self._buffers: list[np.ndarray] = []  # registered: kept alive until released
 
     @classmethod
     def of(cls, host: str, protocol: str) -> Engine:
