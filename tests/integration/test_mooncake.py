@@ -6,7 +6,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import subprocess
 import sys
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -56,11 +58,22 @@ def sender(conn: Connection) -> None:
         outlet.close()
 
 
-def test_an_edge_through_mooncake_moves_payloads_between_processes() -> None:
+@pytest.fixture
+def far_end() -> Iterator[tuple[Connection, Any]]:
+    """The pipe to a `sender` in a spawned process, and that process."""
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     child = ctx.Process(target=sender, args=(there,), daemon=True)
     child.start()
+    try:
+        yield here, child
+    finally:
+        child.kill()
+        child.join(10)
+
+
+def test_an_edge_through_mooncake_moves_payloads_between_processes(far_end) -> None:
+    here, child = far_end
     inlet = Inlet()
     try:
         for seed, rows in enumerate([130, 784, 130, 1]):  # 520 KB, 3 MB: too large; 4 KB
@@ -85,15 +98,11 @@ def test_an_edge_through_mooncake_moves_payloads_between_processes() -> None:
         assert child.exitcode == 0
         assert inlet.mooncake.scratch is not None  # it read through its engine
     finally:
-        child.kill()
         inlet.close()
 
 
-def test_a_payload_whose_sender_died_before_it_was_read_fails_clearly() -> None:
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    child = ctx.Process(target=sender, args=(there,), daemon=True)
-    child.start()
+def test_a_payload_whose_sender_died_before_it_was_read_fails_clearly(far_end) -> None:
+    here, child = far_end
     inlet = Inlet()
     try:
         here.send(("send", 130, 7))
@@ -104,7 +113,6 @@ def test_a_payload_whose_sender_died_before_it_was_read_fails_clearly() -> None:
         with pytest.raises(RequestError, match="Mooncake read from"):
             inlet.open(msg, [])
     finally:
-        child.kill()
         inlet.close()
 
 
