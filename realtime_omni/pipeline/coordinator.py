@@ -282,9 +282,7 @@ class Coordinator:
                 self._ray.where[process] = (node, ip)
             if self.graph.use_tcp and self.graph.address_of(process) != ip:
                 self.graph.moved[process] = ip  # peers learn it from PeerUp
-                sock = self.peers.pop(process, None)  # connected to where it was
-                if sock is not None:
-                    sock.close(linger=0)
+                sockets.drop(self.peers, process)  # connected to where it was
             args = self._worker_args(process)
             proc = await asyncio.to_thread(self._ray.start, process, args, ARGS_ENV, env)
         except StartupError:
@@ -697,9 +695,7 @@ class Coordinator:
         self._down.add(process)
         self._healthy.clear()
         stages = self.graph.groups[group_of(process)].stages
-        sock = self.peers.pop(process, None)
-        if sock is not None:
-            sock.close(linger=0)
+        sockets.drop(self.peers, process)
         for p in self.graph.processes():
             if p not in self._down:
                 self._send(p, m.PeerDown(process))

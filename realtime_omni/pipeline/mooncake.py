@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from itertools import accumulate
 
 import numpy as np
 
@@ -83,23 +83,13 @@ class Engine:
 
 
 class Slots:
-    """The sending side of one edge: `slots` slots of `stride` bytes in registered memory."""
+    """The sending side of one edge: `slots` slots of `stride` bytes in registered memory,
+    `buf`, which starts at address `base` (the `Outlet` writes them, as an shm segment's)."""
 
     def __init__(self, host: str, protocol: str, slots: int, stride: int) -> None:
         self.engine = Engine.of(host, protocol)
-        self.stride = stride
         self.buf = self.engine.buffer(slots * stride)
         self.base = self.buf.ctypes.data
-
-    def write(self, slot: int, arrays: dict[str, np.ndarray], align: int) -> list[Any]:
-        """Copy `arrays` into `slot`; gives (name, array, address) for each."""
-        offset, out = slot * self.stride, []
-        for name, a in arrays.items():
-            raw = self.buf[offset : offset + a.nbytes]
-            np.copyto(raw, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-            out.append((name, a, self.base + offset))
-            offset += -(-a.nbytes // align) * align
-        return out
 
     def close(self) -> None:
         self.engine.release(self.buf)
@@ -123,21 +113,17 @@ class Reader:
         """The bytes at each (address, nbytes) of the engine `session`, as arrays it owns."""
         self.start()
         assert self.engine is not None
-        total = sum(-(-n // 256) * 256 for _, n in spans)
+        lengths = [n for _, n in spans]
+        *offsets, total = accumulate(lengths, initial=0)  # back to back: they are copied out
         with self.engine.lock:
             if self.scratch is None or len(self.scratch) < total:
                 if self.scratch is not None:
                     self.engine.release(self.scratch)
                 self.scratch = self.engine.buffer(max(total, 1 << 20))
-            local, offsets, at = self.scratch.ctypes.data, [], 0
-            for _, n in spans:
-                offsets.append(at)
-                at += -(-n // 256) * 256
+            local = self.scratch.ctypes.data
             rc = self.engine.te.batch_transfer_sync_read(
-                session, [local + o for o in offsets], [a for a, _ in spans], [n for _, n in spans]
+                session, [local + o for o in offsets], [a for a, _ in spans], lengths
             )
             if rc != 0:
                 raise RequestError(f"Mooncake read from {session} failed (code {rc})")
-            return [
-                self.scratch[o : o + n].copy() for o, (_, n) in zip(offsets, spans, strict=True)
-            ]
+            return [self.scratch[o : o + n].copy() for o, n in zip(offsets, lengths, strict=True)]

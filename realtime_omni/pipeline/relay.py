@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -119,8 +120,9 @@ class Outlet:
         host: str = "127.0.0.1",
         mooncake_protocol: str = "tcp",
     ) -> None:
+        """`host`, `mooncake_protocol`: where this process's Mooncake engine listens, and how
+        (a `mooncake` edge)."""
         self.edge = edge
-        self.host, self.mooncake_protocol = host, mooncake_protocol  # where our engine listens
         self.dst_device = dst_device
         self.process = process
         self.pool = SlotPool(edge.slots)
@@ -137,6 +139,7 @@ class Outlet:
         self.mooncake: Any = None  # realtime_omni.pipeline.mooncake.Slots
         if edge.transport == "mooncake" and edge.slot_bytes > inline_max_bytes:
             # Made now, as an shm segment is: a missing engine fails the start, not a request.
+            # (With slots no larger than `inline_max_bytes`, every payload rides inline.)
             from realtime_omni.pipeline.mooncake import Slots
 
             self.mooncake = Slots(host, mooncake_protocol, edge.slots, self.stride)
@@ -240,25 +243,16 @@ class Outlet:
         if self.segment is None:
             self.segment = Segment(self._segment_name, self.edge.slots * self.stride, create=True)
         msg.transport, msg.segment = "shm", self.segment.name
-        offset = slot * self.stride
-        for name, a in arrays.items():
-            raw = self.segment.bytes[offset : offset + a.nbytes]
-            if a.flags.c_contiguous:  # as bytes: numpy copies ml_dtypes' bfloat16 slowly
-                np.copyto(raw, a.reshape(-1).view(np.uint8))
-            else:
-                np.copyto(raw.view(a.dtype).reshape(a.shape), a)
+        for name, a, offset in _write_slot(self.segment.bytes, slot * self.stride, arrays):
             msg.arrays.append(ArrayRef(name, _name(a.dtype), a.shape, -1, offset, a.nbytes))
-            offset += _aligned(a.nbytes)
 
     def _to_mooncake_slot(self, msg: DataReady, slot: int, arrays: dict[str, Any]) -> None:
-        if self.mooncake is None:
-            from realtime_omni.pipeline.mooncake import Slots
-
-            self.mooncake = Slots(self.host, self.mooncake_protocol, self.edge.slots, self.stride)
-        msg.transport, msg.segment = "mooncake", self.mooncake.engine.session
-        for name, a, address in self.mooncake.write(slot, arrays, ALIGN):
+        slots = self.mooncake  # made with the outlet: a payload here outgrew inline_max_bytes
+        msg.transport, msg.segment = "mooncake", slots.engine.session
+        for name, a, offset in _write_slot(slots.buf, slot * self.stride, arrays):
             # `offset`: the array's address in the sender's registered memory
-            msg.arrays.append(ArrayRef(name, _name(a.dtype), a.shape, -1, address, a.nbytes))
+            ref = ArrayRef(name, _name(a.dtype), a.shape, -1, slots.base + offset, a.nbytes)
+            msg.arrays.append(ref)
 
     def close(self) -> None:
         if self.segment is not None:
@@ -269,6 +263,21 @@ class Outlet:
             self.mooncake.close()
             self.mooncake = None
         self.cuda = self.ipc = None
+
+
+def _write_slot(
+    buf: np.ndarray, offset: int, arrays: dict[str, np.ndarray]
+) -> Iterator[tuple[str, np.ndarray, int]]:
+    """Copy `arrays` into the bytes `buf` from `offset` on, each at an `ALIGN` boundary;
+    gives (name, array, its offset in `buf`) for each."""
+    for name, a in arrays.items():
+        raw = buf[offset : offset + a.nbytes]
+        if a.flags.c_contiguous:  # as bytes: numpy copies ml_dtypes' bfloat16 slowly
+            np.copyto(raw, a.reshape(-1).view(np.uint8))
+        else:
+            np.copyto(raw.view(a.dtype).reshape(a.shape), a)
+        yield name, a, offset
+        offset += _aligned(a.nbytes)
 
 
 class Inlet:

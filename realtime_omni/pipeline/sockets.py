@@ -71,3 +71,10 @@ def peer(ctx: zmq.Context, endpoint: str, secret: bytes | None) -> zmq.Socket:
         sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
     sock.connect(endpoint)
     return sock
+
+
+def drop(peers: dict[str, zmq.Socket], process: str) -> None:
+    """Close the socket to `process` (it died, or moved): the next send connects anew."""
+    sock = peers.pop(process, None)
+    if sock is not None:
+        sock.close(linger=0)

@@ -430,9 +430,7 @@ class Worker:
                 self.epochs[p] = epoch
                 if address is not None and self.graph.address_of(p) != address:
                     self.graph.moved[p] = address  # the next send connects there
-                    sock = self.peers.pop(p, None)
-                    if sock is not None:
-                        sock.close(linger=0)
+                    sockets.drop(self.peers, p)
                 self._to_coordinator(m.PeerUpAck(self.me, p))
             case m.StatsRequest(token=token):
                 self._to_coordinator(self._stats(token))
@@ -580,9 +578,7 @@ class Worker:
 
     def _peer_down(self, process: str) -> None:
         self.down.add(process)
-        sock = self.peers.pop(process, None)
-        if sock is not None:
-            sock.close(linger=0)
+        sockets.drop(self.peers, process)
         self.inlet.forget(process, self.args.owner_pid)
         for (src, _), outlet in self.outlets.items():
             for rid in outlet.pool.reclaim(process):
