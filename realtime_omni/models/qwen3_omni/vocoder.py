@@ -1,0 +1,101 @@
+"""code2wav's convolutions, streamed: each chunk decodes only its new frames.
+
+`Qwen3OmniMoeCode2Wav.forward` runs the pre-transformer and then a stack of causal
+convolutions (upsampling, ConvNeXt blocks, the decoder's residual units) over the frames it is
+given. Decoding a chunk with frames of left context, as `chunked_decode` does, runs the whole
+stack again over the context: with 25 frames of context, a 10-frame chunk costs 35 frames of
+convolutions, and the convolutions are nearly all of code2wav's time on a CPU (tiny model, 16 x
+35 frames: pre-transformer 4 ms, convolutions 960 ms).
+
+The convolutions see only a few frames back, so they stream exactly: `StreamingDecoder` keeps,
+per request, what each causal convolution needs of its past input (the last `padding` samples,
+which the module would otherwise pad with zeros) and what each transposed convolution needs
+(its last input sample: its output reaches one input ahead, which is why one call cuts 555
+samples at its end). With that state, the decoder on frames [s, e) gives exactly the samples one
+call on all frames gives for them, and a chunk's output follows its predecessor's with nothing
+dropped or repeated: the first chunk returns n * 1920 - 555 samples, every later one n * 1920.
+
+The pre-transformer stays a window (its sliding-window attention reaches `layers x window`
+frames back: the executor gives it `left_context_frames` of them). The walk below uses the
+transformers modules' own parameters and sub-modules and reproduces their forward exactly;
+`tests/models/test_stream_pieces.py` holds it to one call of the real model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qo
+
+State = dict[nn.Module, torch.Tensor]  # per request: batch dimension 1
+
+
+class StreamingDecoder:
+    def __init__(self, model: qo.Qwen3OmniMoeCode2Wav) -> None:
+        self.model = model
+        for m in model.modules():
+            if isinstance(m, qo.Qwen3OmniMoeCausalConvNet) and m.stride != 1:
+                raise ValueError("code2wav streaming: a strided causal convolution")
+            if isinstance(m, qo.Qwen3OmniMoeCausalTransConvNet):
+                k, s = m.conv.kernel_size[0], m.conv.stride[0]
+                if k not in (s, 2 * s):
+                    raise ValueError(f"code2wav streaming: transposed convolution {k}/{s}")
+
+    def hidden(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, 16, T] -> the pre-transformer's output [B, T, hidden]."""
+        m = self.model
+        x = m.code_embedding(codes + m.code_offset).mean(1)
+        return m.pre_transformer(inputs_embeds=x).last_hidden_state
+
+    def decode(self, hidden: torch.Tensor, states: list[State]) -> torch.Tensor:
+        """The new frames' hidden states [B, T, hidden] -> their samples [B, n]; `states` (one
+        per row, all empty or all from earlier chunks) are updated in place."""
+        state = _stack(states)
+        x = hidden.permute(0, 2, 1)
+        for blocks in self.model.upsample:
+            for block in blocks:
+                x = self._run(block, x, state)
+        for block in self.model.decoder:
+            x = self._run(block, x, state)
+        for i, s in enumerate(states):
+            s.update({k: v[i : i + 1] for k, v in state.items()})
+        return x[:, 0].clamp(min=-1, max=1)
+
+    def _run(self, m: nn.Module, x: torch.Tensor, state: State) -> torch.Tensor:
+        if isinstance(m, qo.Qwen3OmniMoeCausalConvNet):
+            if m.padding == 0:
+                return m.conv(x)
+            past = state.get(m)
+            if past is None:
+                past = x.new_zeros(x.shape[0], x.shape[1], m.padding)
+            x = torch.cat([past, x], dim=-1)
+            state[m] = x[..., -m.padding :]
+            return m.conv(x)
+        if isinstance(m, qo.Qwen3OmniMoeCausalTransConvNet):
+            if m.left_pad == 0:
+                return m(x)
+            past = state.get(m)
+            state[m] = x[..., -1:]
+            return m(x if past is None else torch.cat([past, x], dim=-1))
+        if isinstance(m, qo.Qwen3OmniMoeConvNeXtBlock):
+            h = self._run(m.dwconv, x, state).permute(0, 2, 1)
+            h = m.gamma * m.pwconv2(m.act(m.pwconv1(m.norm(h))))
+            return x + h.permute(0, 2, 1)
+        if isinstance(m, qo.Qwen3OmniMoeCode2WavDecoderResidualUnit):
+            h = self._run(m.conv1, m.act1(x), state)
+            return x + self._run(m.conv2, m.act2(h), state)
+        if isinstance(m, qo.Qwen3OmniMoeCode2WavDecoderBlock):
+            for b in m.block:
+                x = self._run(b, x, state)
+            return x
+        if isinstance(m, qo.Qwen3OmniMoeSnakeBeta):
+            return m(x)
+        raise TypeError(f"code2wav streaming: no rule for {type(m).__name__}")
+
+
+def _stack(states: list[State]) -> State:
+    if not states[0]:
+        if any(states):
+            raise ValueError("code2wav streaming: first and later chunks in one batch")
+        return {}
+    return {k: torch.cat([s[k] for s in states]) for k in states[0]}
