@@ -6,7 +6,8 @@ requests in each and times their steady steps after the prefills:
 
 - thinker: one decode step (a token for every request);
 - talker_ar: one frame for every request (a talker step and the code predictor's 15);
-- code2wav: one call decoding a 10-frame chunk with 25 frames of left context per request.
+- code2wav: a 10-frame chunk per request (the pre-transformer over the chunk and its left
+  context, the streamed convolutions over its 10 new frames).
 
 It prints the median step time per stage and batch, and that time per request: how far a step
 amortises over its batch. `--model real` writes a config at the published sizes (the thinker:
@@ -154,7 +155,9 @@ def measure(model: dict[str, Any], device: str, batch: int, steps: int) -> dict[
     talker.step()  # the prefills
     out["talker_ar"] = timed(talker.step, device, steps)
 
-    code2wav = Code2WavExecutor(context("code2wav", model, device, batch))
+    code2wav = Code2WavExecutor(
+        context("code2wav", model, device, batch, max_frames_per_step=10**6)
+    )
     frames = rng.integers(0, 2048, (36 + 10 * steps, 16))
     for i in range(batch):
         code2wav.add_request(f"r{i}", {})

@@ -63,3 +63,39 @@ def test_wrong_model_path_is_a_clear_config_error(tmp_path: Path, bad: str) -> N
         ConfigError, match=r"model\.path = .*(no such directory|not a Qwen3-Omni).*Fix"
     ):
         Code2WavExecutor(ctx("code2wav", {"path": str(path)}))
+
+
+def test_the_code_predictor_loop_matches_the_transformers_forward(tiny_dir: Path) -> None:
+    """CodePredictorLoop (fixed-shape cache, no wrappers) gives the logits of the code
+    predictor's own forward through a DynamicCache, step by step, for a batch of 3."""
+    import torch
+    from transformers import DynamicCache
+
+    from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
+    from realtime_omni.models.qwen3_omni.weights import load_config, load_part
+
+    cfg = load_config(tiny_dir)
+    talker = load_part(tiny_dir, "talker", "cpu", torch.float32, cfg)
+    cp, n = talker.code_predictor, 3
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(n, 1, cfg.talker_config.text_config.hidden_size, generator=g)
+    code0 = torch.randint(0, 2048, (n,), generator=g)
+    seen: dict[str, list[torch.Tensor]] = {"loop": [], "forward": []}
+
+    def pick(who: str):  # the argmax's runner-up, so that a wrong step changes what follows
+        return lambda logits: seen[who].append(logits) or logits.topk(2).indices[:, 1]
+
+    with torch.no_grad():
+        got = CodePredictorLoop(talker).frame(hidden, code0, pick("loop"))
+        cache = DynamicCache(config=cp.config)
+        x = torch.cat([hidden, talker.get_input_embeddings()(code0.view(n, 1))], 1)
+        out = cp(inputs_embeds=x, position_ids=torch.arange(2).expand(n, 2), cache=cache,
+                 use_cache=True)  # fmt: skip
+        codes = [code0, pick("forward")(out.logits[:, -1])]
+        for j in range(1, 15):
+            out = cp(input_ids=codes[-1].view(n, 1), generation_steps=j, cache=cache,
+                     position_ids=torch.full((n, 1), 1 + j), use_cache=True)  # fmt: skip
+            codes.append(pick("forward")(out.logits[:, -1]))
+    assert torch.equal(got, torch.stack(codes, 1)) and got.shape == (n, 16)
+    for a, b in zip(seen["loop"], seen["forward"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -20,9 +20,9 @@ thinker token whose text step made the frame (the last token's for frames after 
 Batching: a step makes a frame for every ready request together (up to the stage's
 `max_batch`): new requests' prompts are prefilled one by one into their `SlotCache` rows, then
 one talker forward serves every other ready row, and the code predictor's 15 steps run once for
-the whole batch (its inner loop has the same length for everyone, so a plain cache of the
-batch's width fits). Sampling stays per request with its own generators; the codes of the batch
-are read back to the host once per step, not once per code.
+the whole batch (its inner loop has the same length for everyone, so a fixed-shape cache of
+the batch's width fits: `code_predictor.py`). Sampling stays per request with its own
+generators; the codes of the batch are read back to the host once per step, not once per code.
 
 Conversations (`session_id`): a session's turn leaves its cache row and its prompt's input
 rows behind when it ends, as in the thinker. The talker's prompt is the conversation's user
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
+from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
 from realtime_omni.models.qwen3_omni.tensors import (
@@ -94,6 +94,7 @@ class TalkerExecutor(HoldsRequests):
         dtype = model_dtype(ctx.model, ctx.device)
         self.model = load_part(d, "talker", ctx.device, dtype, self.cfg)
         self.tc = self.cfg.talker_config
+        self.code_predictor = CodePredictorLoop(self.model)
         ids = [self.cfg.tts_bos_token_id, self.cfg.tts_eos_token_id, self.cfg.tts_pad_token_id]
         rows = read_rows(d, "thinker.model.embed_tokens.weight", ids, ctx.device, dtype)
         # One [1, 3] batch through text_projection, exactly as generate computes them.
@@ -364,27 +365,12 @@ class TalkerExecutor(HoldsRequests):
     def _residuals(
         self, reqs: list[_Request], code0: torch.Tensor, past_hidden: torch.Tensor
     ) -> torch.Tensor:
-        """Frames [n, 16]: code 0 and codes 1..15 from the code predictor's 15 forwards, for
-        the whole batch at once with a fresh cache per frame; each row samples on its own."""
-        m = self.model
-        cp = m.code_predictor
-        n = len(reqs)
-        cache = DynamicCache(config=cp.config)
-        first = m.get_input_embeddings()(code0.view(n, 1))
-        x = torch.cat([past_hidden, first], dim=1)
-        pos = torch.arange(2, device=self.device).view(1, 2).expand(n, 2)
-        out = cp(inputs_embeds=x, position_ids=pos, cache=cache, use_cache=True)
-        codes = [code0.view(n), self._pick_residuals(reqs, out.logits[:, -1])]
-        for j in range(1, 15):
-            out = cp(
-                input_ids=codes[-1].view(n, 1),
-                generation_steps=j,
-                position_ids=torch.full((n, 1), 1 + j, device=self.device),
-                cache=cache,
-                use_cache=True,
-            )
-            codes.append(self._pick_residuals(reqs, out.logits[:, -1]))
-        return torch.stack(codes, dim=1)
+        """Frames [n, 16]: code 0 and codes 1..15 from the code predictor's 15 steps, for the
+        whole batch at once with a fresh fixed-shape cache per frame (`CodePredictorLoop`);
+        each row samples on its own."""
+        return self.code_predictor.frame(
+            past_hidden, code0, lambda logits: self._pick_residuals(reqs, logits)
+        )
 
     @staticmethod
     def _pick_residuals(reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:
