@@ -8,9 +8,13 @@ camera in.
 `PlayoutTrack.recv` returns 20 ms of `Session.read_output` at the vocoder's 24 kHz, already
 encoded as one mono Opus packet, packet `i` due at `start + i * 20 ms` on the monotonic clock
 (pts `i * 480`: a sample counter, so the schedule never drifts). Encoding here, in the loop, costs
-~0.1 ms a frame; handing aiortc raw frames cost ~0.45 ms of CPU a frame (a thread hand-off per
-frame, a resampling pass to 48 kHz stereo, a stereo encode and a per-sample Python loop for the
-RTP audio level), which made the gateway the bottleneck with a few calls on two cores.
+~0.2 ms a frame of speech; handing aiortc raw frames cost ~0.45 ms of CPU a frame (a thread
+hand-off per frame, a resampling pass to 48 kHz stereo, a stereo encode and a per-sample Python
+loop for the RTP audio level), which made the gateway the bottleneck with a few calls on two
+cores. Silence is not encoded at all: libopus takes 0.38 ms for a frame of digital silence (its
+SILK path), and most frames of most calls are silence, so a silent frame leaves as Opus's
+3-byte silent CELT frame, and the audio after it starts a fresh encoder, as a stream does
+after a gap (16 calls on two cores: the gateway's share of the CPU fell by a third).
 
 The read happens right before the frame is handed to aiortc, so the session's
 `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits for its
@@ -55,6 +59,7 @@ PLAYOUT_RATE_HZ = MODEL_RATE_HZ
 PLAYOUT_FRAME_SAMPLES = round(FRAME_S * PLAYOUT_RATE_HZ)
 OPUS_BIT_RATE = 48000  # mono speech at 24 kHz; the SDP's opus/48000/2 decoders take mono too
 MAX_BEHIND_S = 0.2  # further behind the schedule than this (a stalled loop), start it anew
+SILENT_OPUS = b"\xf8\xff\xfe"  # one 20 ms CELT frame that decodes to silence (TOC 0xF8)
 VIDEO_FPS = 2.0  # camera frames converted per second; the rest are dropped undecoded-to-RGB
 MAX_VIDEO_SIDE = 1280  # camera frames are scaled down to this before they reach the session
 _LOG_LEN = 1000  # counted chunk starts kept per track
@@ -86,7 +91,7 @@ class PlayoutTrack(MediaStreamTrack):
         self._dry = True  # the queue was empty when the last frame left
         self._playing: tuple[str, str | None] | None = None  # (item_id, response_id) on the wire
         self._time_base = fractions.Fraction(1, PLAYOUT_RATE_HZ)
-        self._opus = _opus_encoder()
+        self._opus: CodecContext | None = None  # made for each stretch of audio
 
     async def recv(self) -> Packet:
         if self.readyState != "live":
@@ -114,8 +119,14 @@ class PlayoutTrack(MediaStreamTrack):
         frame.sample_rate = PLAYOUT_RATE_HZ
         frame.pts = self.frames * PLAYOUT_FRAME_SAMPLES
         frame.time_base = self._time_base
-        # One packet per frame; libopus's 6.5 ms look-ahead only shifts every pts alike.
-        (packet,) = self._opus.encode(frame)
+        if pcm16.any():
+            self._opus = self._opus or _opus_encoder()
+            (packet,) = self._opus.encode(frame)  # one packet per frame
+        else:
+            self._opus = None
+            packet = Packet(SILENT_OPUS)
+            packet.time_base = self._time_base
+        packet.pts = frame.pts  # libopus's 6.5 ms look-ahead would shift only its own
         self.frames += 1
         self._dry = self.session.playout.queued == 0
         self._note_playing(r.items[0][0] if r.items else None)
