@@ -78,6 +78,11 @@ def real_size_dir(tiny: Path, out: Path, scale: dict[str, Any] | None = None) ->
     # routed experts wide, as Qwen's MoE models size their shared expert.
     talker = real["talker_config"]["text_config"]
     talker["shared_expert_intermediate_size"] = 4 * talker["moe_intermediate_size"]
+    # A frame is one code per code2wav quantizer (16): the defaults' 32 code groups would make
+    # frames code2wav cannot read.
+    groups = real["code2wav_config"]["num_quantizers"]
+    real["talker_config"]["num_code_groups"] = groups
+    real["talker_config"]["code_predictor_config"]["num_code_groups"] = groups
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(real))
     width = real["thinker_config"]["text_config"]["hidden_size"]

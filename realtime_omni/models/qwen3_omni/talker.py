@@ -321,9 +321,10 @@ class TalkerExecutor(HoldsRequests):
         entry (the token's projected embedding, `tts_eos` for the last, `tts_pad` after it)."""
         m = self.model
         frames = torch.stack([r.frame for r in reqs]).to(self.device)  # type: ignore[misc]
-        f = frames.T.reshape(16, -1, 1)  # [16, n, 1]
+        f = frames.T[..., None]  # [16, n, 1]
         cp_embed = m.code_predictor.get_input_embeddings()
-        parts = [m.get_input_embeddings()(f[0])] + [cp_embed[j - 1](f[j]) for j in range(1, 16)]
+        parts = [m.get_input_embeddings()(f[0])]
+        parts += [cp_embed[j - 1](f[j]) for j in range(1, len(f))]
         x = torch.cat(parts, dim=1).sum(1, keepdim=True)  # cat-then-sum, as generate
         text = [i for i, t in enumerate(toks) if t is not None and not t.last]
         extra = [self.tts_pad if t is None else self.tts_eos for t in toks]
