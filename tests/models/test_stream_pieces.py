@@ -62,11 +62,13 @@ def stream(tiny_dir, codes: list[np.ndarray], **params: object) -> list[list[dic
     return out
 
 
-def test_streamed_code2wav_equals_one_call(tiny_dir) -> None:
+@pytest.mark.parametrize(("first", "size", "sizes"), [(2, 10, [2, 2, 4, 8, 10, 10]),
+                                                      (1, 3, [1, 1, 2, 3, 3, 3])])  # fmt: skip
+def test_streamed_code2wav_equals_one_call(tiny_dir, first: int, size: int, sizes) -> None:
     """The convolutions stream with their state and the pre-transformer sees its whole reach
     (144 frames by default): the joined chunks of an answer of 200 frames, whose windows are
     cut from frame 154 on, and of one of 37, decoded in the same steps, equal one call of the
-    real model on all frames to float noise, with exactly its length."""
+    real model on all frames to float noise, with exactly its length, whatever the chunks."""
     import torch
 
     from realtime_omni.models.qwen3_omni.weights import load_config, load_part
@@ -74,12 +76,13 @@ def test_streamed_code2wav_equals_one_call(tiny_dir) -> None:
     rng = np.random.default_rng(0)
     codes = [rng.integers(0, 2048, (n, 16)) for n in (200, 37)]
     model = load_part(tiny_dir, "code2wav", "cpu", torch.float32, load_config(tiny_dir))
-    for got, c in zip(stream(tiny_dir, codes), codes, strict=True):
+    out = stream(tiny_dir, codes, first_chunk_frames=first, chunk_frames=size)
+    for got, c in zip(out, codes, strict=True):
         ref = model(torch.from_numpy(c.T[None]))[0, 0].numpy()
         wav = np.concatenate([o["pcm"] for o in got])
         assert wav.shape == ref.shape == (len(c) * 1920 - 555,)
         np.testing.assert_allclose(wav, ref, atol=1e-5)
-        assert [o["frames"] for o in got][:6] == [2, 2, 4, 8, 10, 10]
+        assert [o["frames"] for o in got][:6] == sizes
         np.testing.assert_array_equal(np.concatenate([o["codes"] for o in got]), c)
 
 

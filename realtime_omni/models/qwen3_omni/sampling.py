@@ -79,28 +79,34 @@ def pick_batch(samplers: list[Sampler], logits: torch.Tensor) -> torch.Tensor:
     (one uniform draw per pick, inverse CDF over the tokens top-k and top-p keep), so it is the
     same whichever rows it is batched with."""
     logits = logits.float()
-    greedy = logits.argmax(-1)
     hot = [i for i, s in enumerate(samplers) if s.temperature > 0]
     if not hot:
-        return greedy
+        return logits.argmax(-1)
     device = logits.device
     chosen = [samplers[i] for i in hot]
     vocab = logits.shape[-1]
     temps = torch.tensor([s.temperature for s in chosen], device=device)
     ks_host = [min(s.top_k or vocab, vocab) for s in chosen]
+    rows = logits if len(hot) == len(samplers) else logits[hot]
     # Only the best max(top_k) tokens can be kept: a top-k beats sorting the whole vocabulary.
-    x, order = torch.topk(logits[hot] / temps[:, None], max(ks_host), dim=-1)
-    ks = torch.tensor(ks_host, device=device)
-    kth = x.gather(1, (ks - 1)[:, None])
-    x = x.masked_fill(x < kth, float("-inf"))
+    x, order = torch.topk(rows / temps[:, None], max(ks_host), dim=-1)
+    if min(ks_host) < max(ks_host):  # rows that keep fewer than the batch's widest top-k
+        ks = torch.tensor(ks_host, device=device)
+        kth = x.gather(1, (ks - 1)[:, None])
+        x = x.masked_fill(x < kth, float("-inf"))
     probs = x.softmax(-1)
-    top_p = torch.tensor([s.top_p for s in chosen], device=device)[:, None]
-    cut = (probs.cumsum(-1) - probs >= top_p) & (top_p < 1)  # keep the smallest set reaching top_p
-    cdf = x.masked_fill(cut, float("-inf")).softmax(-1).cumsum(-1)
+    if any(s.top_p < 1 for s in chosen):  # keep the smallest set reaching top_p
+        top_p = torch.tensor([s.top_p for s in chosen], device=device)[:, None]
+        cut = (probs.cumsum(-1) - probs >= top_p) & (top_p < 1)
+        probs = x.masked_fill(cut, float("-inf")).softmax(-1)
+    cdf = probs.cumsum(-1)
     u = torch.stack([s.uniform(device) for s in chosen])
     idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_max(x.shape[-1] - 1)
-    out = greedy.clone()
-    out[hot] = order.gather(1, idx)[:, 0]
+    picked = order.gather(1, idx)[:, 0]
+    if len(hot) == len(samplers):
+        return picked
+    out = logits.argmax(-1)
+    out[hot] = picked
     return out
 
 
