@@ -50,6 +50,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from realtime_omni import aio  # noqa: E402
 from realtime_omni.clients import baresip  # noqa: E402
 from realtime_omni.clients.media_stream import ProviderCall  # noqa: E402
 from realtime_omni.clients.webrtc import Caller, espeak, http  # noqa: E402
@@ -127,7 +128,7 @@ def serve(config: str, port: int, stage_nice: int | None, sip_port: int | None) 
         print("ready", flush=True)
         await task
 
-    asyncio.run(main())
+    aio.run(main())  # the loop `realtime-omni serve` runs on
 
 
 # ---- caller side -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+from realtime_omni import aio
 from realtime_omni.errors import ConfigError, OmniError
 from realtime_omni.logs import FORMAT_ENV
 from realtime_omni.logs import setup as setup_logging
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         help="serve a non-loopback --host without API keys (REALTIME_OMNI_API_KEYS unset): only "
         "behind something that authenticates",
     )
+    serve.add_argument(
+        "--loop",
+        choices=aio.LOOPS,
+        default="auto",
+        help="the event loop: uvloop where installed (auto), or asyncio's own",
+    )
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
     run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
@@ -153,7 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow_no_auth=args.allow_no_auth,
         drain_s=args.drain_s,
     )
-    asyncio.run(serve(server.pipeline, args.host, args.port, gw))
+    aio.run(serve(server.pipeline, args.host, args.port, gw), args.loop)
     return 0
 
 

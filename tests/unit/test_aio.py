@@ -1,0 +1,26 @@
+"""`aio.run`: the server's loop is uvloop's where installed, asyncio's on request."""
+
+import asyncio
+
+import pytest
+
+from realtime_omni import aio
+
+
+async def loop_module() -> str:
+    await asyncio.sleep(0)
+    return type(asyncio.get_running_loop()).__module__
+
+
+def test_auto_runs_on_uvloop_and_asyncio_on_its_own_loop() -> None:
+    pytest.importorskip("uvloop")  # a dependency on Linux
+    assert aio.run(loop_module()).startswith("uvloop")
+    assert aio.run(loop_module(), "uvloop").startswith("uvloop")
+    assert aio.run(loop_module(), "asyncio").startswith("asyncio")
+
+
+def test_an_unknown_loop_is_refused_by_name() -> None:
+    coro = loop_module()
+    with pytest.raises(ValueError, match="'trio': one of auto, uvloop, asyncio"):
+        aio.run(coro, "trio")
+    coro.close()
