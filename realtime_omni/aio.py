@@ -16,6 +16,7 @@ it. `asyncio.timeout` counts cancels and has no such window; these wrap it."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib.util
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
@@ -33,7 +34,16 @@ def run(main: Coroutine[Any, Any, T], loop: str = "auto") -> T:
         return asyncio.run(main)
     import uvloop  # a missing one, asked for by name, fails here with its own ImportError
 
-    return uvloop.run(main)
+    return uvloop.run(_named_pool(main))
+
+
+async def _named_pool(main: Coroutine[Any, Any, T]) -> T:
+    """`main` with a default executor whose threads are named as asyncio's loop names them
+    (`asyncio_N`; uvloop's are `ThreadPoolExecutor-...`), which the server's stats tell apart
+    from the threads a call must give back."""
+    pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="asyncio")
+    asyncio.get_running_loop().set_default_executor(pool)
+    return await main
 
 
 async def within(aw: Awaitable[T], timeout_s: float | None) -> T:

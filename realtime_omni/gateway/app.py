@@ -240,11 +240,19 @@ async def _stats(request: Request) -> Response:
     )
 
 
+def _thread_name(tid: int) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:  # it ended meanwhile, or no procfs
+        return ""
+
+
 def _process_stats() -> dict[str, Any]:
     """The gateway process's threads, open file descriptors and UDP sockets (RTP, SIP, ICE):
     what a call must give back when it ends. `pool_threads`: of the threads, the event loop's
     worker pool (`asyncio.to_thread`: base64, images, the VAD), which grows to its bound of
-    min(32, CPUs + 4) as work needs and keeps them."""
+    min(32, CPUs + 4) as work needs and keeps them, and under uvloop libuv's own (its DNS
+    lookups: `UV_THREADPOOL_SIZE`, 4 by default, made at the first)."""
     import threading
 
     import psutil
@@ -252,6 +260,7 @@ def _process_stats() -> dict[str, Any]:
     proc = psutil.Process()
     udp = sum(1 for c in proc.net_connections(kind="udp"))
     pool = sum(1 for t in threading.enumerate() if t.name.startswith("asyncio_"))
+    pool += sum(1 for t in proc.threads() if _thread_name(t.id) == "libuv-worker")
     return {
         "threads": proc.num_threads(),
         "pool_threads": pool,

@@ -1,6 +1,7 @@
 """`aio.run`: the server's loop is uvloop's where installed, asyncio's on request."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -17,6 +18,14 @@ def test_auto_runs_on_uvloop_and_asyncio_on_its_own_loop() -> None:
     assert aio.run(loop_module()).startswith("uvloop")
     assert aio.run(loop_module(), "uvloop").startswith("uvloop")
     assert aio.run(loop_module(), "asyncio").startswith("asyncio")
+
+
+def test_the_default_executor_threads_are_named_as_on_asyncio() -> None:
+    async def name() -> str:
+        return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+    for loop in aio.LOOPS:
+        assert aio.run(name(), loop).startswith("asyncio_"), loop
 
 
 def test_an_unknown_loop_is_refused_by_name() -> None:
