@@ -14,7 +14,8 @@ loop for the RTP audio level), which made the gateway the bottleneck with a few 
 cores. Silence is not encoded at all: libopus takes 0.38 ms for a frame of digital silence (its
 SILK path), and most frames of most calls are silence, so a silent frame leaves as Opus's
 3-byte silent CELT frame, and the audio after it starts a fresh encoder, as a stream does
-after a gap (16 calls on two cores: the gateway's share of the CPU fell by a third).
+after a gap (16 calls on two cores: late frames 66 % -> 37 %, the gateway 0.76 -> 0.64 cores
+while it served twice the answers).
 
 The read happens right before the frame is handed to aiortc, so the session's
 `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits for its
