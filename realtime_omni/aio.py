@@ -1,10 +1,13 @@
 """The event loop the server runs on, and `asyncio.wait_for` that keeps a cancel.
 
-`run` starts a loop: uvloop's (libuv, in C) where it is installed, asyncio's otherwise. The
-gateway's loop carries every call's media (each WebRTC call sends and receives 50 packets a
-second through aiortc), and uvloop's cheaper callbacks and socket calls show there: with 16
-calls on two cores, 4-9 % of output frames left late against 17-20 % on asyncio's loop
-(`benchmarks/latency.py`).
+`run` starts a loop: asyncio's own, or uvloop's (libuv, in C) on request (`serve --loop
+uvloop`). The gateway's loop carries every call's media (each WebRTC call sends and receives 50
+packets a second through aiortc), and uvloop's cheaper callbacks and socket calls show there:
+with 16 calls on two cores, 4-9 % of output frames left late against 17-20 % on asyncio's loop
+(`benchmarks/latency.py`). It is not the default yet: with it, a WebSocket client's 8 MB
+message stalled a WebRTC call's frames past 150 ms in 3 of 7 runs of
+`tests/e2e/test_webrtc.py::test_a_client_at_the_protocol_limits_does_not_hold_up_another_call`
+(0 of 4 on asyncio's loop); the cause is not found.
 
 `asyncio.wait_for` that keeps a cancel:
 
@@ -17,22 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import importlib.util
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-LOOPS = ("auto", "uvloop", "asyncio")
+LOOPS = ("asyncio", "uvloop")
 
 
-def run(main: Coroutine[Any, Any, T], loop: str = "auto") -> T:
-    """`asyncio.run(main)` on uvloop's loop (`auto` where it is installed, or `uvloop`) or on
-    asyncio's own (`asyncio`, or `auto` without uvloop)."""
+def run(main: Coroutine[Any, Any, T], loop: str = "asyncio") -> T:
+    """`asyncio.run(main)` on asyncio's own loop or on uvloop's."""
     if loop not in LOOPS:
         raise ValueError(f"event loop {loop!r}: one of {', '.join(LOOPS)}")
-    if loop == "asyncio" or (loop == "auto" and importlib.util.find_spec("uvloop") is None):
+    if loop == "asyncio":
         return asyncio.run(main)
-    import uvloop  # a missing one, asked for by name, fails here with its own ImportError
+    import uvloop  # a dependency on Linux; elsewhere this fails with its own ImportError
 
     return uvloop.run(_named_pool(main))
 

@@ -1,4 +1,4 @@
-"""`aio.run`: the server's loop is uvloop's where installed, asyncio's on request."""
+"""`aio.run`: the server's loop is asyncio's, uvloop's on request."""
 
 import asyncio
 import threading
@@ -13,11 +13,10 @@ async def loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
-def test_auto_runs_on_uvloop_and_asyncio_on_its_own_loop() -> None:
+def test_asyncio_by_default_and_uvloop_on_request() -> None:
     pytest.importorskip("uvloop")  # a dependency on Linux
-    assert aio.run(loop_module()).startswith("uvloop")
+    assert aio.run(loop_module()).startswith("asyncio")
     assert aio.run(loop_module(), "uvloop").startswith("uvloop")
-    assert aio.run(loop_module(), "asyncio").startswith("asyncio")
 
 
 def test_the_default_executor_threads_are_named_as_on_asyncio() -> None:
@@ -30,6 +29,6 @@ def test_the_default_executor_threads_are_named_as_on_asyncio() -> None:
 
 def test_an_unknown_loop_is_refused_by_name() -> None:
     coro = loop_module()
-    with pytest.raises(ValueError, match="'trio': one of auto, uvloop, asyncio"):
+    with pytest.raises(ValueError, match="'trio': one of asyncio, uvloop"):
         aio.run(coro, "trio")
     coro.close()
