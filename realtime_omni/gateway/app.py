@@ -372,6 +372,7 @@ async def serve(
             log_level="warning",
             ws="websockets-sansio",
             ws_max_size=2 * cfg.max_message_bytes,  # beyond our own limit, so ours answers first
+            ws_per_message_deflate=cfg.realtime.websocket_compression,
             lifespan="on",
         ),
     )
