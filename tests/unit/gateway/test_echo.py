@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from realtime_omni.clients.webrtc import espeak
-from realtime_omni.gateway.audio import resample
-from realtime_omni.gateway.echo import EchoCanceller, EchoGate
+from realtime_omni.gateway.audio import resample, ulaw_decode, ulaw_encode
+from realtime_omni.gateway.echo import ECHO_CORRELATION, EchoCanceller, EchoGate
 from realtime_omni.gateway.turns import TurnParams
 from realtime_omni.gateway.vad import Windower
 
@@ -72,11 +72,14 @@ def test_the_person_talking_over_the_echo_comes_through() -> None:
 BOT = "The weather today is sunny with a light breeze from the west, warm until the evening."
 
 
-def gated(far: np.ndarray, mic: np.ndarray, aec: bool = False) -> np.ndarray:
+def gated(
+    far: np.ndarray, mic: np.ndarray, aec: bool = False, correlate: bool = True
+) -> np.ndarray:
     """Per 32 ms window: did the gate take it for echo (far end fed 20 ms at a time, as a
     WebRTC track reads it). With `aec`, as a session whose gate listens through the canceller
-    (`echo_gate_aec`): each window beside what the canceller leaves of it."""
-    gate, out = EchoGate(), []
+    (`echo_gate_aec`): each window beside what the canceller leaves of it. `correlate`: the
+    gate's waveform comparison (off: energies alone)."""
+    gate, out = EchoGate(correlate=correlate), []
     canceller = EchoCanceller() if aec else None
     windower = Windower()
     if aec:
@@ -126,10 +129,71 @@ def test_through_the_canceller_a_6_db_echo_is_echo_from_the_first_second() -> No
     echo = room(bot, -6, 30)
     loud = speechy(echo)
     first = slice(0, 32)
-    assert gated(bot, echo)[first][loud[first]].mean() < 0.95  # what this test is about
+    assert gated(bot, echo, correlate=False)[first][loud[first]].mean() < 0.95  # energies alone
     g = gated(bot, echo, aec=True)
     assert len(g) >= len(loud) - 1
     assert g[first][loud[first]].all() and g[loud[: len(g)]].mean() > 0.99
+
+
+def phone_band(x: np.ndarray) -> np.ndarray:
+    """`x` as a phone line carries it: 8 kHz mu-law, back at 16 kHz."""
+    line = ulaw_decode(ulaw_encode(resample(x, 16000, 8000)))
+    return resample(line, 8000, 16000)[: len(x)]
+
+
+@pytest.mark.parametrize(
+    ("db", "delay_ms", "phone"),
+    [(-6, 30, False), (-6, 200, False), (-6, 30, True), (-12, 100, True)],
+)
+def test_a_loud_echo_is_echo_from_its_first_window_without_the_canceller(
+    db: float, delay_ms: int, phone: bool
+) -> None:
+    """Energies alone take 13 % of a -6 dB echo's first second for something else, and one
+    window of it that the VAD calls speech pauses the answer; its waveform is the far end's."""
+    bot = speech(BOT)
+    echo = room(bot, db, delay_ms)
+    echo = phone_band(echo) if phone else echo
+    g, loud = gated(bot, echo), speechy(echo)
+    assert g[loud[: len(g)]].all()
+
+
+def correlations(far: np.ndarray, mic: np.ndarray) -> np.ndarray:
+    """`EchoGate.correlation` of each 32 ms microphone window, the far end fed as it plays."""
+    gate, out = EchoGate(), []
+    for i in range(0, len(mic) - 511, 512):
+        t = 100 + (i + 512) / 16000
+        gate.far(far[i : i + 512], t - 512 / 16000)
+        gate.window(mic[i : i + 512], t)
+        out.append(gate.correlation(round(t * 16000)))
+    return np.array(out)
+
+
+def test_the_waveform_tells_the_bots_echo_from_a_person() -> None:
+    bot, person = speech(BOT), speech("Wait, stop, I have a question about that.")
+    for db, delay_ms in [(-6, 30), (-30, 200)]:
+        echo = room(bot, db, delay_ms)
+        r = correlations(bot, echo)[speechy(echo)[: len(bot) // 512]]
+        assert np.median(r) > 0.8 and (r >= ECHO_CORRELATION).mean() > 0.9, (db, np.median(r))
+    # A person over the bot's far end, nothing of it coming back: the same espeak-ng voice,
+    # so their voiced sounds are alike, yet they seldom match.
+    mic = np.zeros(len(bot), np.float32)
+    mic[: len(person)] = person[: len(bot)]
+    r = correlations(bot, mic)[speechy(mic)[: len(bot) // 512]]
+    assert np.median(r) < 0.35 and (r >= ECHO_CORRELATION).mean() < 0.1, np.median(r)
+
+
+@pytest.mark.parametrize("at_s", [0.1, 0.2, 0.3])
+def test_a_person_interrupting_an_answers_first_words_is_heard(at_s: float) -> None:
+    """No echo comes back (a headset), and too little of the answer has played to learn that:
+    the prior decides. Taking all sound 6 dB under the far end for echo (energies alone), it
+    let 672-736 ms of this person through, about `min_interruption_ms`."""
+    bot, person = speech(BOT), speech("Wait, stop, I have a question about that.")
+    start = int(at_s * 16000)
+    mic = np.zeros(len(bot), np.float32)
+    mic[start : start + len(person)] = person[: len(bot) - start]
+    g = gated(bot, mic)
+    heard = ~g[speechy(mic)[: len(g)]]
+    assert heard.sum() * 32 >= TurnParams().min_interruption_ms + 160, heard.sum() * 32
 
 
 @pytest.mark.parametrize("aec", [False, True])
