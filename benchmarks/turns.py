@@ -4,14 +4,13 @@ off, and does a real interruption silence it?
 Starts `realtime-omni serve` on the simulated config with its vocoder speaking (espeak-ng speech
 instead of the tone) and calls it over the WebSocket API with `realtime_omni.clients.room`: the
 caller asks a question, the answer plays from a loudspeaker whose sound comes back into the
-microphone (late, quieter, with reverb), and 1.2 s into the answer the condition's sound is
-made. Each condition runs under the policies asked for on the same corpus: `now` (pause first,
-abort after `min_interruption_ms`, the echo gate), `aec` (`now` with the gate listening
-through the echo canceller too, `echo_gate_aec: true`), `before`
-(`min_interruption_ms: 0`, no echo gate: any speech start over the bot aborts it, as the server
-did until this policy) and
-`semantic` (`now` with `semantic_vad`: Smart Turn's real weights end the question's turn,
-instead of 500 ms of silence).
+microphone (late, quieter, with reverb), and 1.2 s into the answer (0.2 s for the early
+interruptions) the condition's sound is made. Each condition runs under the policies asked
+for on the same corpus: `now` (pause first, abort after `min_interruption_ms`, the echo gate),
+`aec` (`now` with the gate listening through the echo canceller too, `echo_gate_aec: true`),
+`before` (`min_interruption_ms: 0`, no echo gate: any speech start over the bot aborts it, as
+the server did until this policy) and `semantic` (`now` with `semantic_vad`: Smart Turn's real
+weights end the question's turn, instead of 500 ms of silence).
 
 Per condition and policy it prints: trials, false pauses (the answer stopped with nobody
 talking), false barge-ins (the answer aborted by something that is not an interruption), missed
@@ -86,6 +85,7 @@ class Condition:
     echo_db: float | None = None
     delay_ms: float = 100.0
     phone: bool = False
+    into_s: float = INTO_ANSWER_S  # when the sound starts, after the answer's first audio
 
     @property
     def interrupts(self) -> bool:
@@ -102,6 +102,9 @@ CONDITIONS = [
     Condition("click", "click", -20, 100),
     Condition("interrupt", "interrupt"),
     Condition("interrupt+echo-12", "interrupt", -12, 100),
+    # In the answer's first words, before the echo gate can have learnt any path
+    Condition("early-interrupt", "interrupt", into_s=0.2),
+    Condition("early-interrupt+echo-6", "interrupt", -6, 30, into_s=0.2),
     Condition("phone:echo-12", "", -12, 100, True),
     Condition("phone:backchannel", "backchannel", -20, 100, True),
     Condition("phone:interrupt", "interrupt", -12, 100, True),
@@ -165,7 +168,7 @@ async def trial(url: str, c: Condition, policy: dict[str, Any], corpus: Corpus, 
             await asyncio.sleep(0.01)
         t_first = room.deltas[0][0]
         asked_end = room.utterances[0][0] + corpus.question_s  # its last sound, not its padding
-        await asyncio.sleep(INTO_ANSWER_S)
+        await asyncio.sleep(c.into_s)
         sound = corpus.sound(c.sound, k)
         onset = None
         if len(sound):
