@@ -43,6 +43,9 @@ QUIET_FRAMES = 100  # 1 s of silent far end: longer than any echo path and its r
 # echo scores 0.84-0.86 (median), under 0.6 in 5-8 % of its windows; a person talking over it
 # scores 0.19-0.27, over 0.6 in 0-9 % of theirs (the same voice as the bot's: the hard case).
 ECHO_CORRELATION = 0.6
+# ... and this closely for a window no louder than the far end's loudest slot, as echo always
+# is: over a real call (`benchmarks/turns.py`, a -6 dB echo) single windows scored 0.50-0.58.
+QUIET_ECHO_CORRELATION = 0.5
 CORRELATION_WINDOWS = 3  # 96 ms: one window alone matched a person's speech to the far end's
 _PRE_EMPHASIS = 0.9
 
@@ -286,7 +289,8 @@ class EchoGate:
                 self._fit()
         matched = False  # the far end's waveform is in the window
         if not echo and self.correlate and self.may_echo:
-            echo = matched = self.correlation(round(t * RATE_HZ)) >= ECHO_CORRELATION
+            bar = ECHO_CORRELATION if mic_e > float(row.max()) else QUIET_ECHO_CORRELATION
+            echo = matched = self.correlation(round(t * RATE_HZ)) >= bar
         if not echo and clean is not None and self.may_echo:
             echo = cancelled_db(mic, clean) >= ECHO_CANCELLED_DB
         sure = matched or (echo and self.path is not None)  # not by the prior
