@@ -25,7 +25,8 @@ into its microphone track in real time:
   that they take what the server leaves instead of half of it (0 shares the cores evenly).
 
     python benchmarks/latency.py [--configs simulated,tiny] [--turns 8] [--seconds 10]
-                                 [--sessions 1,4,16] [--caller-nice 10] [--json PATH]
+                                 [--sessions 1,4,16] [--caller-nice 10] [--loop uvloop]
+                                 [--json PATH]
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ TARGETS = {  # DESIGN.md budgets
 # ---- server side (`--serve`) -----------------------------------------------------------
 
 
-def serve(config: str, port: int, stage_nice: int | None, sip_port: int | None) -> None:
+def serve(config: str, port: int, stage_nice: int | None, sip_port: int | None, loop: str) -> None:
     import uvicorn
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
@@ -128,7 +129,7 @@ def serve(config: str, port: int, stage_nice: int | None, sip_port: int | None) 
         print("ready", flush=True)
         await task
 
-    aio.run(main())  # the loop `realtime-omni serve` runs on
+    aio.run(main(), loop)  # `realtime-omni serve`'s default unless --loop says otherwise
 
 
 # ---- caller side -----------------------------------------------------------------------
@@ -365,11 +366,13 @@ def measure(
     speech: np.ndarray,
     stage_nice: int | None = None,
     caller_nice: int = 0,
+    loop: str = aio.DEFAULT_LOOP,
 ) -> dict[str, Any]:
     port = free_port()
     sip_port = free_port(socket.SOCK_DGRAM) if sip_available() else None
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(CONFIGS[name]), "--port", str(port)]
+        + ["--loop", loop]
         + ([] if stage_nice is None else ["--stage-nice", str(stage_nice)])
         + ([] if sip_port is None else ["--sip-port", str(sip_port)]),
         stdout=subprocess.PIPE,
@@ -475,12 +478,15 @@ def main() -> None:
     parser.add_argument(
         "--caller-nice", type=int, default=10, help="niceness of the concurrent callers"
     )
+    parser.add_argument(
+        "--loop", choices=aio.LOOPS, default=aio.DEFAULT_LOOP, help="the server's event loop"
+    )
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--sip-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port, args.stage_nice, args.sip_port)
+        serve(args.serve, args.port, args.stage_nice, args.sip_port, args.loop)
         return
     sessions = [int(n) for n in args.sessions.split(",")]
     speech = speech_48k()
@@ -489,7 +495,7 @@ def main() -> None:
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
         runs.append(
             measure(name, args.turns, args.seconds, sessions, speech, args.stage_nice,
-                    args.caller_nice)
+                    args.caller_nice, args.loop)
         )  # fmt: skip
     rows = [
         ("token_to_audio_ms", "thinker token -> its audio leaving (raw)"),

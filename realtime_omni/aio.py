@@ -1,13 +1,15 @@
 """The event loop the server runs on, and `asyncio.wait_for` that keeps a cancel.
 
-`run` starts a loop: asyncio's own, or uvloop's (libuv, in C) on request (`serve --loop
-uvloop`). The gateway's loop carries every call's media (each WebRTC call sends and receives 50
-packets a second through aiortc), and uvloop's cheaper callbacks and socket calls show there:
-with 16 calls on two cores, 4-9 % of output frames left late against 17-20 % on asyncio's loop
-(`benchmarks/latency.py`). It is not the default yet: with it, a WebSocket client's 8 MB
-message stalled a WebRTC call's frames past 150 ms in 3 of 7 runs of
-`tests/e2e/test_webrtc.py::test_a_client_at_the_protocol_limits_does_not_hold_up_another_call`
-(0 of 4 on asyncio's loop); the cause is not found.
+`run` starts a loop: uvloop's (libuv, in C) where it is installed (a dependency on Linux), else
+asyncio's own; `serve --loop asyncio` asks for asyncio's. The gateway's loop carries every
+call's media (each WebRTC call sends and receives 50 packets a second through aiortc), and
+uvloop's cheaper callbacks and socket calls show there: with 16 calls on two cores
+(`benchmarks/latency.py --configs tiny --turns 1 --sessions 16`), 1.9-6.0 % of output frames
+left late on uvloop (median 2.5 %) against 2.3-5.5 % on asyncio's loop (median 4.7 %), four
+runs each, interleaved. It was on request only while a WebSocket client's 8 MB message
+stalled a WebRTC call's frames past 150 ms on it (`tests/e2e/test_webrtc.py`'s protocol-limits
+test, 3 of 7 runs); that was permessage-deflate inflating the message on the loop, on either
+loop, and with compression declined the test passed 5 of 5 on uvloop.
 
 `asyncio.wait_for` that keeps a cancel:
 
@@ -20,14 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 LOOPS = ("asyncio", "uvloop")
+DEFAULT_LOOP = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
-def run(main: Coroutine[Any, Any, T], loop: str = "asyncio") -> T:
+def run(main: Coroutine[Any, Any, T], loop: str = DEFAULT_LOOP) -> T:
     """`asyncio.run(main)` on asyncio's own loop or on uvloop's."""
     if loop not in LOOPS:
         raise ValueError(f"event loop {loop!r}: one of {', '.join(LOOPS)}")

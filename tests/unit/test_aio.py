@@ -1,4 +1,4 @@
-"""`aio.run`: the server's loop is asyncio's, uvloop's on request."""
+"""`aio.run`: the server's loop is uvloop's where installed, asyncio's on request."""
 
 import asyncio
 import threading
@@ -13,10 +13,11 @@ async def loop_module() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
-def test_asyncio_by_default_and_uvloop_on_request() -> None:
+def test_uvloop_by_default_and_asyncio_on_request() -> None:
     pytest.importorskip("uvloop")  # a dependency on Linux
-    assert aio.run(loop_module()).startswith("asyncio")
-    assert aio.run(loop_module(), "uvloop").startswith("uvloop")
+    assert aio.DEFAULT_LOOP == "uvloop"
+    assert aio.run(loop_module()).startswith("uvloop")
+    assert aio.run(loop_module(), "asyncio").startswith("asyncio")
 
 
 def test_the_default_executor_threads_are_named_as_on_asyncio() -> None:
