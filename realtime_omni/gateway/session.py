@@ -536,15 +536,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
         if len(r.pcm) and (self._gating() or self._aec is not None):
-            # the far end: what the microphone may hear again, at the microphone's rate
-            if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
-                self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
-            far = self._far_resampler.process(r.pcm)
-            if self._gating():
-                self._gate.far(far, time.monotonic())
-            for aec in (self._aec, self._gate_aec):
-                if aec is not None:
-                    aec.far(far)
+            self._far(r)
         now = time.monotonic()
         if self._barge_at is not None:
             self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
@@ -558,6 +550,29 @@ class Session(ClientEvents, Responses, Transcriptions):
             if first or cs.queue_was_empty:
                 self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)
         return r
+
+    def _far(self, r: Read) -> None:
+        """Hand what was read out to the echo gate (and the cancellers) at the microphone's
+        rate. Padding alone (no answer playing) is nothing the microphone can hear again: once
+        the resampler has given up its tail, such reads are skipped, which is what most reads
+        of most calls are (the gate counts the time it was not told of as silence, and the
+        resampler starts afresh). The cancellers want a continuous far end, so they get all."""
+        cancelling = self._aec is not None or self._gate_aec is not None
+        if not r.items and not cancelling:
+            if self._far_resampler is not None:
+                tail, self._far_resampler = self._far_resampler.flush(), None
+                if len(tail) and self._gating():
+                    self._gate.far(tail, time.monotonic())
+            return
+        # the far end: what the microphone may hear again, at the microphone's rate
+        if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
+            self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
+        far = self._far_resampler.process(r.pcm)
+        if self._gating():
+            self._gate.far(far, time.monotonic())
+        for aec in (self._aec, self._gate_aec):
+            if aec is not None:
+                aec.far(far)
 
     def _flush(self, item_id: str | None = None) -> None:
         """Drop what is queued (of one item, or all) and tell the transport."""

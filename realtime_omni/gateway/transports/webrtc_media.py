@@ -115,19 +115,22 @@ class PlayoutTrack(MediaStreamTrack):
         for cs in r.chunk_starts:
             if cs.queue_was_empty:
                 self.chunk_log.append((cs.token_time, left))
-        pcm16 = (np.clip(r.pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
-        frame = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
-        frame.sample_rate = PLAYOUT_RATE_HZ
-        frame.pts = self.frames * PLAYOUT_FRAME_SAMPLES
-        frame.time_base = self._time_base
-        if pcm16.any():
+        pts = self.frames * PLAYOUT_FRAME_SAMPLES
+        pcm16 = None
+        if r.items:  # else the read was padding alone: digital silence
+            pcm16 = (np.clip(r.pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
+        if pcm16 is not None and pcm16.any():
+            frame = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
+            frame.sample_rate = PLAYOUT_RATE_HZ
+            frame.pts = pts
+            frame.time_base = self._time_base
             self._opus = self._opus or _opus_encoder()
             (packet,) = self._opus.encode(frame)  # one packet per frame
         else:
             self._opus = None
             packet = Packet(SILENT_OPUS)
             packet.time_base = self._time_base
-        packet.pts = frame.pts  # libopus's 6.5 ms look-ahead would shift only its own
+        packet.pts = pts  # libopus's 6.5 ms look-ahead would shift only its own
         self.frames += 1
         self._dry = self.session.playout.queued == 0
         self._note_playing(r.items[0][0] if r.items else None)
