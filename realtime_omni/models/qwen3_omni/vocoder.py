@@ -82,14 +82,14 @@ class StreamingDecoder:
             h = m.gamma * m.pwconv2(m.act(m.pwconv1(m.norm(h))))
             return x + h.permute(0, 2, 1)
         if isinstance(m, qo.Qwen3OmniMoeCode2WavDecoderResidualUnit):
-            h = self._run(m.conv1, m.act1(x), state)
-            return x + self._run(m.conv2, m.act2(h), state)
+            h = self._run(m.conv1, self._run(m.act1, x, state), state)
+            return x + self._run(m.conv2, self._run(m.act2, h, state), state)
         if isinstance(m, qo.Qwen3OmniMoeCode2WavDecoderBlock):
             for b in m.block:
                 x = self._run(b, x, state)
             return x
         if isinstance(m, qo.Qwen3OmniMoeSnakeBeta):
-            return m(x)
+            return _snake(m, x)
         raise TypeError(f"code2wav streaming: no rule for {type(m).__name__}")
 
 
@@ -99,3 +99,15 @@ def _stack(states: list[State]) -> State:
             raise ValueError("code2wav streaming: first and later chunks in one batch")
         return {}
     return {k: torch.cat([s[k] for s in states]) for k in states[0]}
+
+
+def _snake(m: qo.Qwen3OmniMoeSnakeBeta, x: torch.Tensor) -> torch.Tensor:
+    """`SnakeBeta.forward`, x + sin(x * alpha)^2 / (beta + eps), in one buffer: the same ops
+    in the same order (`square_` is `pow(2)`), so the same values to the bit. The module makes
+    a tensor of x's size for each of its five ops, and on a CPU those allocations, each a fresh
+    mapping of memory for the samples of a batch, cost four times the arithmetic (tiny model,
+    16 x 4 x 19,200 samples: 21-26 ms through the module, 5-6 ms here)."""
+    alpha = torch.exp(m.alpha.unsqueeze(0).unsqueeze(-1))
+    inv_beta = 1.0 / (torch.exp(m.beta.unsqueeze(0).unsqueeze(-1)) + m.no_div_by_zero)
+    y = x * alpha
+    return y.sin_().square_().mul_(inv_beta).add_(x)
