@@ -56,6 +56,7 @@ from realtime_omni.clients import baresip  # noqa: E402
 from realtime_omni.clients.media_stream import ProviderCall  # noqa: E402
 from realtime_omni.clients.webrtc import Caller, espeak, http  # noqa: E402
 from realtime_omni.gateway.audio import resample  # noqa: E402
+from realtime_omni.pipeline.worker import freeze_start_up  # noqa: E402
 
 CONFIGS = {
     "simulated": ROOT / "configs/simulated-qwen3-omni.yaml",
@@ -126,6 +127,7 @@ def serve(config: str, port: int, stage_nice: int | None, sip_port: int | None, 
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
+        freeze_start_up()  # as `realtime-omni serve` does once up: no full passes over start-up
         print("ready", flush=True)
         await task
 
