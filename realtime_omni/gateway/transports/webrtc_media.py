@@ -130,7 +130,7 @@ class PlayoutTrack(MediaStreamTrack):
             self._opus = None
             packet = Packet(SILENT_OPUS)
             packet.time_base = self._time_base
-        packet.pts = pts  # libopus's 6.5 ms look-ahead would shift only its own
+        packet.pts = pts  # libopus's 2.5 ms look-ahead would shift only its own
         self.frames += 1
         self._dry = self.session.playout.queued == 0
         self._note_playing(r.items[0][0] if r.items else None)
