@@ -11,11 +11,13 @@ encoded as one mono Opus packet, packet `i` due at `start + i * 20 ms` on the mo
 ~0.2 ms a frame of speech; handing aiortc raw frames cost ~0.45 ms of CPU a frame (a thread
 hand-off per frame, a resampling pass to 48 kHz stereo, a stereo encode and a per-sample Python
 loop for the RTP audio level), which made the gateway the bottleneck with a few calls on two
-cores. Silence is not encoded at all: libopus takes 0.38 ms for a frame of digital silence (its
+cores. Silence is not encoded at all: libopus took 0.38 ms for a frame of digital silence (its
 SILK path), and most frames of most calls are silence, so a silent frame leaves as Opus's
-3-byte silent CELT frame, and the audio after it starts a fresh encoder, as a stream does
-after a gap (16 calls on two cores: late frames 66 % -> 37 %, the gateway 0.76 -> 0.64 cores
-while it served twice the answers).
+3-byte silent CELT frame (16 calls on two cores: late frames 66 % -> 37 %, the gateway 0.76 ->
+0.64 cores while it served twice the answers). Speech is coded by CELT alone ("lowdelay"): a
+third of the CPU of "voip". One encoder serves the whole call, kept in step with the decoder
+across the silent frames (`_encode`): CELT predicts each frame's band energies from the last
+one's, and a fresh encoder after silence faded every answer in over 100 ms.
 
 The read happens right before the frame is handed to aiortc, so the session's
 `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits for its
@@ -61,6 +63,7 @@ PLAYOUT_FRAME_SAMPLES = round(FRAME_S * PLAYOUT_RATE_HZ)
 OPUS_BIT_RATE = 48000  # mono speech at 24 kHz; the SDP's opus/48000/2 decoders take mono too
 MAX_BEHIND_S = 0.2  # further behind the schedule than this (a stalled loop), start it anew
 SILENT_OPUS = b"\xf8\xff\xfe"  # one 20 ms CELT frame that decodes to silence (TOC 0xF8)
+TAIL_FRAMES = 2  # after audio, frames of silence encoded: the look-ahead's tail, then silence
 VIDEO_FPS = 2.0  # camera frames converted per second; the rest are dropped undecoded-to-RGB
 MAX_VIDEO_SIDE = 1280  # camera frames are scaled down to this before they reach the session
 _LOG_LEN = 1000  # counted chunk starts kept per track
@@ -92,7 +95,8 @@ class PlayoutTrack(MediaStreamTrack):
         self._dry = True  # the queue was empty when the last frame left
         self._playing: tuple[str, str | None] | None = None  # (item_id, response_id) on the wire
         self._time_base = fractions.Fraction(1, PLAYOUT_RATE_HZ)
-        self._opus: CodecContext | None = None  # made for each stretch of audio
+        self._opus: CodecContext | None = None  # made at the first audio (`_encode`)
+        self._tail = 0  # silent frames still to go through the encoder after audio
 
     async def recv(self) -> Packet:
         if self.readyState != "live":
@@ -120,14 +124,12 @@ class PlayoutTrack(MediaStreamTrack):
         if r.items:  # else the read was padding alone: digital silence
             pcm16 = (np.clip(r.pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
         if pcm16 is not None and pcm16.any():
-            frame = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
-            frame.sample_rate = PLAYOUT_RATE_HZ
-            frame.pts = pts
-            frame.time_base = self._time_base
-            self._opus = self._opus or _opus_encoder()
-            (packet,) = self._opus.encode(frame)  # one packet per frame
+            packet = self._encode(pcm16, pts)
+            self._tail = TAIL_FRAMES
+        elif self._tail:  # the encoder's look-ahead, then silence it has made itself
+            self._tail -= 1
+            packet = self._encode(np.zeros((1, PLAYOUT_FRAME_SAMPLES), np.int16), pts)
         else:
-            self._opus = None
             packet = Packet(SILENT_OPUS)
             packet.time_base = self._time_base
         packet.pts = pts  # libopus's 2.5 ms look-ahead would shift only its own
@@ -135,6 +137,25 @@ class PlayoutTrack(MediaStreamTrack):
         self._dry = self.session.playout.queued == 0
         self._note_playing(r.items[0][0] if r.items else None)
         return packet
+
+    def _encode(self, pcm16: np.ndarray, pts: int) -> Packet:
+        """One Opus packet for 20 ms of s16 samples [1, n]. The encoder lives as long as the
+        track: CELT codes each frame's band energies against the last frame's, so an encoder
+        and a decoder must have seen the same frames. Between answers the decoder hears the
+        silent frame, whose energies an encoder that coded a frame of silence itself shares
+        (the tail frames after speech; a new encoder codes one first, and drops it)."""
+        if self._opus is None:
+            self._opus = _opus_encoder()
+            self._opus.encode(self._frame(np.zeros_like(pcm16), pts))
+        (packet,) = self._opus.encode(self._frame(pcm16, pts))  # one packet per frame
+        return packet
+
+    def _frame(self, pcm16: np.ndarray, pts: int) -> AudioFrame:
+        frame = AudioFrame.from_ndarray(pcm16, format="s16", layout="mono")
+        frame.sample_rate = PLAYOUT_RATE_HZ
+        frame.pts = pts
+        frame.time_base = self._time_base
+        return frame
 
     async def _wait(self, due: float) -> None:
         s = self.session

@@ -1,5 +1,6 @@
 """The WebRTC playout track's packets: silence leaves as Opus's silent frame without an encode,
-the audio after it through a fresh encoder, every packet on the sample clock."""
+the audio through one CELT encoder kept in step with the decoder, every packet on the sample
+clock."""
 
 import asyncio
 
@@ -21,22 +22,33 @@ def test_silence_is_sent_as_the_silent_frame_and_speech_is_encoded() -> None:
     async def main() -> list[Packet]:
         s = Session(FakeCoord(), output_rate_hz=24000)
         track = PlayoutTrack(s)
-        packets = [await track.recv() for _ in range(3)]  # nothing to say yet
         t = np.arange(PLAYOUT_FRAME_SAMPLES * 5) / 24000
-        s.playout.write("item", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
-        packets += [await track.recv() for _ in range(7)]  # 5 frames of a tone, then silence
+        tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+        packets = [await track.recv() for _ in range(3)]  # nothing to say yet
+        s.playout.write("item", tone)
+        packets += [await track.recv() for _ in range(9)]  # 5 frames of a tone, then silence
+        s.playout.write("item2", tone)
+        packets += [await track.recv() for _ in range(5)]  # the tone again
         track.stop()
         return packets
 
     packets = run(asyncio.wait_for(main(), 10))
     data = [bytes(p) for p in packets]
-    assert data[:3] == [SILENT_OPUS] * 3 and data[8:] == [SILENT_OPUS] * 2
-    assert all(d != SILENT_OPUS and len(d) > 10 for d in data[3:8])
-    assert [p.pts for p in packets] == [i * PLAYOUT_FRAME_SAMPLES for i in range(10)]
+    silent = [0, 1, 2, 10, 11]  # 8 and 9: the encoder's tail, then silence it coded itself
+    assert [data[i] for i in silent] == [SILENT_OPUS] * len(silent)
+    speech = [*range(3, 8), *range(12, 17)]
+    assert all(data[i] != SILENT_OPUS and len(data[i]) > 10 for i in speech)
+    # Speech is CELT alone (configurations 16-31 of the TOC byte), a third of SILK's CPU.
+    assert all(data[i][0] >> 3 >= 16 for i in speech), [d[0] >> 3 for d in data]
+    assert [p.pts for p in packets] == [i * PLAYOUT_FRAME_SAMPLES for i in range(17)]
     dec = CodecContext.create("opus", "r")
     dec.sample_rate, dec.layout = 48000, "stereo"
     levels = []
     for p in packets:
         (frame,) = dec.decode(Packet(bytes(p)))
         levels.append(float(np.abs(frame.to_ndarray()).max()))
-    assert max(levels[:3]) == 0 and min(levels[4:8]) > 0.2  # the 0.3 tone decodes as a tone
+    assert max(levels[:3]) == 0 and levels[10] < 0.01 and levels[11] == 0  # 10: 9's overlap
+    # The 0.3 tone decodes as a tone from its first frame, after silence as at the start: the
+    # encoder's energies follow the decoder's (a fresh encoder after silence faded in over
+    # 100 ms, 0.01 to 0.25).
+    assert min(levels[i] for i in speech) > 0.25, [round(x, 3) for x in levels]
