@@ -535,8 +535,10 @@ class Session(ClientEvents, Responses, Transcriptions):
     def read_output(self, n: int, pad: bool = True) -> Read:
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
-        if len(r.pcm) and (self._gating() or self._aec is not None):
-            self._far(r)
+        if (len(r.pcm) or self._far_resampler is not None) and (
+            self._gating() or self._aec is not None
+        ):
+            self._far(r)  # an empty read (no `pad`) after an answer hands over the tail too
         now = time.monotonic()
         if self._barge_at is not None:
             self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
@@ -556,13 +558,17 @@ class Session(ClientEvents, Responses, Transcriptions):
         rate. Padding alone (no answer playing) is nothing the microphone can hear again: once
         the resampler has given up its tail, such reads are skipped, which is what most reads
         of most calls are (the gate counts the time it was not told of as silence, and the
-        resampler starts afresh). The cancellers want a continuous far end, so they get all."""
+        resampler starts afresh). The cancellers want a continuous far end, so they get all.
+        A transport that reads without `pad` gets an empty read instead of padding: the tail
+        is handed over then, when the answer ended, not at the next answer's start."""
         cancelling = self._aec is not None or self._gate_aec is not None
         if not r.items and not cancelling:
             if self._far_resampler is not None:
                 tail, self._far_resampler = self._far_resampler.flush(), None
                 if len(tail) and self._gating():
                     self._gate.far(tail, time.monotonic())
+            return
+        if not len(r.pcm):
             return
         # the far end: what the microphone may hear again, at the microphone's rate
         if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:

@@ -683,9 +683,11 @@ def test_the_echo_gate_listens_through_a_canceller_only_when_asked() -> None:
     run(body(), 10)
 
 
-def test_the_echo_gate_hears_what_is_read_out_and_no_padding() -> None:
+@pytest.mark.parametrize("pad", [True, False])
+def test_the_echo_gate_hears_what_is_read_out_and_no_padding(pad: bool) -> None:
     """Every read with audio reaches the gate at 16 kHz; the read after the audio hands over
-    the resampler's tail, and reads of padding alone reach it no more."""
+    the resampler's tail, and reads of padding alone (or nothing, without `pad`: the
+    WebSocket, phone and SIP transports) reach it no more."""
 
     async def main() -> None:
         s = Session(FakeCoord(), output_rate_hz=24000)
@@ -693,12 +695,12 @@ def test_the_echo_gate_hears_what_is_read_out_and_no_padding() -> None:
         far = s._gate.far
         s._gate.far = lambda pcm, t: heard.append(len(pcm)) or far(pcm, t)  # type: ignore[method-assign]
         for _ in range(3):
-            s.read_output(480)  # nothing playing
+            s.read_output(480, pad)  # nothing playing
         assert heard == []
         t = np.arange(480 * 5) / 24000
         s.playout.write("item", (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
         for _ in range(5 + 10):
-            s.read_output(480)
+            s.read_output(480, pad)
         assert len(heard) == 6  # five reads of the tone and one tail
         assert abs(sum(heard) - 5 * 320) <= 2  # all of it, at 16 kHz
         assert s._gate._slots  # the gate keeps the energies it was told
