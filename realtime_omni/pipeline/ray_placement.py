@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import msgspec
@@ -43,6 +44,7 @@ from realtime_omni.pipeline.config import PipelineConfig
 from realtime_omni.pipeline.graph import Graph, group_of
 
 log = logging.getLogger(__name__)
+LOCATE_RETRY_S = 0.5  # between two questions to an actor Ray is restarting
 
 
 def _ray() -> Any:
@@ -149,6 +151,8 @@ class RayPlacement:
                 "and the stages' `host`"
             )
         rt = cfg.runtime
+        self.ready_timeout_s = rt.ready_timeout_s
+        self.closed = False
         self._owns_ray = not ray.is_initialized()  # then close() shuts down what init started
         if self._owns_ray:
             # The stage processes' output comes back to this server's (log_to_driver).
@@ -219,9 +223,23 @@ class RayPlacement:
 
     def locate(self, process: str) -> tuple[str, str]:
         """The node (id, address) where `process`'s actor runs now: where Ray placed it, or
-        where it restarted the actor after its node went (waits for that restart)."""
-        node, ip = self.ray.get(self.actors[process].node.remote())
-        return str(node), str(ip)
+        where it restarted the actor after its node went (waits for that restart).
+
+        Asked before Ray has seen the node go, the call can reach the dead actor and fail
+        (the actor's tasks are not retried, so that `wait` reports a death), though Ray then
+        restarts the actor: so it is asked again, up to `ready_timeout_s`, until `close`.
+        Failing at once left that process down for good (a likely cause, not reproduced, of
+        one failure of `tests/integration/test_ray.py` on a loaded machine)."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            try:
+                node, ip = self.ray.get(self.actors[process].node.remote())
+                return str(node), str(ip)
+            except self.ray.exceptions.RayActorError:
+                if time.monotonic() >= deadline or self.closed:
+                    raise
+                log.info("stage process %s: its actor is restarting; asking again", process)
+                time.sleep(LOCATE_RETRY_S)
 
     def start(self, process: str, args: Any, args_env: str, env: dict[str, str]) -> RayProcess:
         """Run `process` (`WorkerArgs`) through its actor."""
@@ -232,6 +250,7 @@ class RayPlacement:
         return RayProcess(ray, actor, int(pid), node)
 
     def close(self) -> None:
+        self.closed = True  # a `locate` still asking gives up
         for actor in self.actors.values():
             try:
                 self.ray.kill(actor, no_restart=True)

@@ -214,7 +214,8 @@ def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
             moved = coord._procs["talker_ar#0"].node_id  # type: ignore[union-attr]
             return {"lost": lost, "ready": ready, "after": after, "pid": pid,
                     "from": talker_node, "to": moved, "back_s": back_s,
-                    "ip": (talker_ip, coord.graph.address_of("talker_ar#0"))}  # fmt: skip
+                    "ip": (talker_ip, coord.graph.address_of("talker_ar#0")),
+                    "broken": dict(coord._broken)}  # fmt: skip
 
     r = run(body(), limit_s=240)
     assert set(r["lost"]) == {"StageDied"}, r
