@@ -16,8 +16,10 @@ their weights, with the ops of their forwards in the same order: on a CPU each m
 each op is a few microseconds of overhead around a tiny product, and a frame makes 30 layer
 passes (tiny model, 16 rows: 67-70 ms a frame through the modules, 49-57 ms this way). The
 rotary rotation `cat(-x2, x1) * sin` is `roll(x) * sin` with the sign folded into the table,
-the same products to the bit. `tests/models` hold it to `generate`'s codes exactly (greedy) and
-to the transformers forward's logits.
+the same products to the bit, and q and k take their norms and the rotation side by side as
+one tensor (the norms' weights a row per head: the same products again, half the ops).
+`tests/models` hold it to `generate`'s codes exactly (greedy) and to the transformers forward's
+logits within 1e-6 (the forward's masked attention over a growing cache rounds differently).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qo
 
@@ -54,6 +55,18 @@ class CodePredictorLoop:
         sign[:half] = -1
         self.half = half
         self.cos, self.sin = cos[:, :, None], (sin * sign)[:, :, None]
+        # q and k go through their RMSNorms and the rotation side by side, as one tensor of
+        # q heads then k heads: the same products per element, half the ops. Per layer, the
+        # two norms' weights a head each, and their epsilon.
+        self.qk_norms = []
+        for layer in self.model.layers:
+            a = layer.self_attn
+            q_norm, k_norm = a.q_norm, a.k_norm
+            if q_norm.variance_epsilon != k_norm.variance_epsilon:
+                raise ValueError("code predictor: q_norm and k_norm differ in epsilon")
+            heads = (cfg.num_attention_heads, cfg.num_key_value_heads)
+            w = torch.cat([q_norm.weight.expand(heads[0], -1), k_norm.weight.expand(heads[1], -1)])
+            self.qk_norms.append((w, q_norm.variance_epsilon, heads))
 
     def frame(
         self,
@@ -83,15 +96,17 @@ class CodePredictorLoop:
         n, t = x.shape[:2]
         end = start + t
         cos, sin = self.cos[:, start:end], self.sin[:, start:end]
-        for layer, (keys, values) in zip(self.model.layers, kv, strict=True):
+        layers = zip(self.model.layers, kv, self.qk_norms, strict=True)
+        for layer, (keys, values), (qk_weight, qk_eps, qk_heads) in layers:
             a, mlp = layer.self_attn, layer.mlp
-            h = _rms_norm(x, layer.input_layernorm)
+            h = _rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
             heads = (n, t, -1, a.head_dim)
-            q = _rms_norm(F.linear(h, a.q_proj.weight, a.q_proj.bias).view(heads), a.q_norm)
-            k = _rms_norm(F.linear(h, a.k_proj.weight, a.k_proj.bias).view(heads), a.k_norm)
+            q = F.linear(h, a.q_proj.weight, a.q_proj.bias).view(heads)
+            k = F.linear(h, a.k_proj.weight, a.k_proj.bias).view(heads)
             v = F.linear(h, a.v_proj.weight, a.v_proj.bias).view(heads)
-            q = q * cos + q.roll(self.half, -1) * sin
-            k = k * cos + k.roll(self.half, -1) * sin
+            qk = _rms_norm(torch.cat([q, k], 2), qk_weight, qk_eps)
+            qk = qk * cos + qk.roll(self.half, -1) * sin
+            q, k = qk.split(qk_heads, 2)
             keys[:, :, start:end] = k.transpose(1, 2)
             values[:, :, start:end] = v.transpose(1, 2)
             o, _ = self.attention(
@@ -99,16 +114,20 @@ class CodePredictorLoop:
                 scaling=a.scaling, sliding_window=None,
             )  # fmt: skip
             x = x + F.linear(o.reshape(n, t, -1), a.o_proj.weight, a.o_proj.bias)
-            h = _rms_norm(x, layer.post_attention_layernorm)
+            post = layer.post_attention_layernorm
+            h = _rms_norm(x, post.weight, post.variance_epsilon)
             gate = mlp.act_fn(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
             up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
             x = x + F.linear(gate * up, mlp.down_proj.weight, mlp.down_proj.bias)
-        return _rms_norm(x, self.model.norm)
+        return _rms_norm(x, self.model.norm.weight, self.model.norm.variance_epsilon)
 
 
-def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """`Qwen3OmniMoeRMSNorm.forward`'s ops; in float32 its casts are no-ops and are skipped."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`Qwen3OmniMoeRMSNorm.forward`'s ops (in float32 its casts are no-ops and are skipped);
+    `weight` may hold a row per head."""
     if x.dtype != torch.float32:
-        return norm(x)
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * y.to(x.dtype)
     variance = x.pow(2).mean(-1, keepdim=True)
-    return norm.weight * (x * torch.rsqrt(variance + norm.variance_epsilon))
+    return weight * (x * torch.rsqrt(variance + eps))
