@@ -58,7 +58,7 @@ class CodePredictorLoop:
         # q and k go through their RMSNorms and the rotation side by side, as one tensor of
         # q heads then k heads: the same products per element, half the ops. Per layer, the
         # two norms' weights a head each, and their epsilon.
-        self.qk_norms = []
+        self.qk_norms: list[tuple[torch.Tensor, float, tuple[int, int]]] = []
         for layer in self.model.layers:
             a = layer.self_attn
             q_norm, k_norm = a.q_norm, a.k_norm
