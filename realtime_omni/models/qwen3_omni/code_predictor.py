@@ -58,13 +58,12 @@ class CodePredictorLoop:
         # q and k go through their RMSNorms and the rotation side by side, as one tensor of
         # q heads then k heads: the same products per element, half the ops. Per layer, the
         # two norms' weights a head each, and their epsilon.
+        heads = (int(cfg.num_attention_heads), int(cfg.num_key_value_heads))
         self.qk_norms: list[tuple[torch.Tensor, float, tuple[int, int]]] = []
         for layer in self.model.layers:
-            a = layer.self_attn
-            q_norm, k_norm = a.q_norm, a.k_norm
+            q_norm, k_norm = layer.self_attn.q_norm, layer.self_attn.k_norm
             if q_norm.variance_epsilon != k_norm.variance_epsilon:
                 raise ValueError("code predictor: q_norm and k_norm differ in epsilon")
-            heads = (cfg.num_attention_heads, cfg.num_key_value_heads)
             w = torch.cat([q_norm.weight.expand(heads[0], -1), k_norm.weight.expand(heads[1], -1)])
             self.qk_norms.append((w, q_norm.variance_epsilon, heads))
 
@@ -123,11 +122,8 @@ class CodePredictorLoop:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`Qwen3OmniMoeRMSNorm.forward`'s ops (in float32 its casts are no-ops and are skipped);
-    `weight` may hold a row per head."""
-    if x.dtype != torch.float32:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * y.to(x.dtype)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    """`Qwen3OmniMoeRMSNorm.forward`'s ops (in float32 its casts return `x` itself); `weight`
+    may hold a row per head."""
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
