@@ -42,7 +42,7 @@ import torch
 from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
 from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
-from realtime_omni.models.qwen3_omni.sampling import Sampler, checkpoint_defaults, pick_batch
+from realtime_omni.models.qwen3_omni.sampling import BatchPicker, Sampler, checkpoint_defaults
 from realtime_omni.models.qwen3_omni.tensors import (
     model_dtype,
     nonempty,
@@ -128,6 +128,8 @@ class TalkerExecutor(HoldsRequests):
             self.model.model.config, ctx.max_batch, dtype, self.device
         )
         self.max_batch = ctx.max_batch
+        # Per cache row, the codes 0 its answer has made so far (the repetition penalty's).
+        self.seen = torch.zeros(ctx.max_batch, vocab, dtype=torch.bool, device=self.device)
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
         self.reqs: dict[str, _Request] = {}
@@ -255,6 +257,7 @@ class TalkerExecutor(HoldsRequests):
         the two prompts' input rows (at least one row is left to compute), or a fresh one."""
         row, shared, _ = self.sessions.take(r.session, prompt)
         r.row = row if row is not None else self.cache.alloc()
+        self.seen[r.row] = False
         if r.session is not None:
             r.prompt = prompt
         return shared
@@ -350,29 +353,23 @@ class TalkerExecutor(HoldsRequests):
         return out
 
     def _pick_code0s(self, reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:
-        """Code 0 [n]: each row's repetition penalty over its earlier code 0s, the special ids
-        suppressed except codec EOS, then each row's own sampler."""
-        x = logits.float().clone()
-        for i, r in enumerate(reqs):
-            if r.code0s and r.repetition_penalty != 1.0:
-                seen = torch.tensor(r.code0s, device=x.device)
-                score = x[i, seen]
-                x[i, seen] = torch.where(
-                    score < 0, score * r.repetition_penalty, score / r.repetition_penalty
-                )
+        """Code 0 [n]: each row's repetition penalty over its answer's earlier code 0s, the
+        special ids suppressed except codec EOS, then each row's own sampler."""
+        rows = torch.tensor([r.row for r in reqs], device=self.device)
+        penalty = torch.tensor([r.repetition_penalty for r in reqs], device=self.device)[:, None]
+        x = logits.float()
+        x = torch.where(self.seen[rows], torch.where(x < 0, x * penalty, x / penalty), x)
         x[:, self.suppress] = float("-inf")
-        return pick_batch([r.sampler for r in reqs], x)
+        code0 = BatchPicker([r.sampler for r in reqs], self.device).pick(x)
+        self.seen[rows, code0] = True
+        return code0
 
     def _residuals(
         self, reqs: list[_Request], code0: torch.Tensor, past_hidden: torch.Tensor
     ) -> torch.Tensor:
         """Frames [n, 16]: code 0 and codes 1..15 from the code predictor's 15 steps, for the
         whole batch at once with a fresh fixed-shape cache per frame (`CodePredictorLoop`);
-        each row samples on its own."""
-        return self.code_predictor.frame(
-            past_hidden, code0, lambda logits: self._pick_residuals(reqs, logits)
-        )
-
-    @staticmethod
-    def _pick_residuals(reqs: list[_Request], logits: torch.Tensor) -> torch.Tensor:
-        return pick_batch([r.residual_sampler for r in reqs], logits)
+        each row samples on its own, its 15 draws taken at once."""
+        samplers = [r.residual_sampler for r in reqs]
+        picker = BatchPicker(samplers, self.device, self.code_predictor.groups - 1)
+        return self.code_predictor.frame(past_hidden, code0, picker.pick)
