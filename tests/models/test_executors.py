@@ -99,3 +99,36 @@ def test_the_code_predictor_loop_matches_the_transformers_forward(tiny_dir: Path
     assert torch.equal(got, torch.stack(codes, 1)) and got.shape == (n, 16)
     for a, b in zip(seen["loop"], seen["forward"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("later_s", [0.0, 2.0])
+def test_a_first_chunk_goes_without_the_listeners_far_ahead(tiny_dir: Path, later_s: float) -> None:
+    """code2wav: a step that makes a new answer's first chunk leaves out a listener with more
+    than `yield_lead_s` of audio ahead of real time (it gets the next step); once that listener
+    is no longer ahead, both chunks share the step."""
+    from realtime_omni.models.qwen3_omni.code2wav import Code2WavExecutor
+
+    ex = Code2WavExecutor(ctx("code2wav", {"path": str(tiny_dir)}))
+    now = [100.0]
+    ex.clock = lambda: now[0]
+    frames = np.random.default_rng(0).integers(0, 2048, (32, 16))
+
+    def give(rid: str, codes: np.ndarray) -> None:
+        for f in codes:
+            ex.add_item(rid, "talker_ar", {"codes": f, "token_time": 0.0})
+
+    def chunks() -> list[tuple[str, int]]:
+        return [(e.request_id, e.data["frames"]) for e in ex.step() if e.data]
+
+    ex.add_request("old", {})
+    give("old", frames[:16])
+    assert [chunks() for _ in range(4)] == [[("old", n)] for n in (2, 2, 4, 8)]  # 1.26 s out
+    give("old", frames[16:26])  # its next chunk (10 frames) is due
+    ex.add_request("new", {})
+    give("new", frames[:2])  # and a new answer's first
+    now[0] += later_s  # 2 s on, "old" has no audio left to play
+    if later_s:
+        assert sorted(chunks()) == [("new", 2), ("old", 10)]
+    else:
+        assert chunks() == [("new", 2)]
+        assert chunks() == [("old", 10)]
