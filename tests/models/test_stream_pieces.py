@@ -126,3 +126,40 @@ def test_chunk_plan_waits_for_a_full_chunk_until_the_end() -> None:
         sizes.append(e - s)
         s = e
     assert sizes == [2, 2, 4, 8, 10, 10, 10, 10]
+
+
+def test_later_chunks_of_several_lengths_decode_as_each_alone(tiny_dir) -> None:
+    """`StreamingDecoder.decode` with `frames`: rows of 10, 7 and 3 frames padded to 10 in one
+    call give each row's samples and convolution state as a call on its frames alone, and so
+    the chunk after it too (to float noise: 1e-5, as the equivalence tests hold the waveform)."""
+    import torch
+
+    from realtime_omni.models.qwen3_omni.vocoder import StreamingDecoder
+    from realtime_omni.models.qwen3_omni.weights import load_config, load_part
+
+    model = load_part(tiny_dir, "code2wav", "cpu", torch.float32, load_config(tiny_dir))
+    dec = StreamingDecoder(model)
+    g = torch.Generator().manual_seed(3)
+    frames = [10, 7, 3]
+    codes = torch.randint(0, 2048, (3, 16, 2 + 10 + 4), generator=g)
+    with torch.no_grad():
+        h = dec.hidden(codes)
+        together: list[dict] = [{} for _ in frames]
+        alone: list[dict] = [{} for _ in frames]
+        dec.decode(h[:, :2], together)
+        for i in range(3):
+            dec.decode(h[i : i + 1, :2], [alone[i]])
+        pad = torch.stack([torch.cat([h[i, 2 : 2 + n], h[i, 2 + n : 12] * 0]) for i, n in
+                           enumerate(frames)])  # fmt: skip
+        wav = dec.decode(pad, together, frames)
+        for i, n in enumerate(frames):
+            ref = dec.decode(h[i : i + 1, 2 : 2 + n], [alone[i]])[0]
+            assert ref.shape == (n * 1920,)
+            torch.testing.assert_close(wav[i, : n * 1920], ref, atol=1e-5, rtol=0)
+            for key, state in alone[i].items():
+                torch.testing.assert_close(together[i][key], state, atol=1e-5, rtol=0)
+        nxt = h[:, 12:16]  # the same 4 frames next for every row
+        wav = dec.decode(nxt, together)
+        for i in range(3):
+            ref = dec.decode(nxt[i : i + 1], [alone[i]])[0]
+            torch.testing.assert_close(wav[i], ref, atol=1e-5, rtol=0)

@@ -47,21 +47,46 @@ class StreamingDecoder:
         x = m.code_embedding(codes + m.code_offset).mean(1)
         return m.pre_transformer(inputs_embeds=x).last_hidden_state
 
-    def decode(self, hidden: torch.Tensor, states: list[State]) -> torch.Tensor:
+    def decode(
+        self, hidden: torch.Tensor, states: list[State], frames: list[int] | None = None
+    ) -> torch.Tensor:
         """The new frames' hidden states [B, T, hidden] -> their samples [B, n]; `states` (one
-        per row, all empty or all from earlier chunks) are updated in place."""
-        state = _stack(states)
+        per row, all empty or all from earlier chunks) are updated in place. With `frames`,
+        row i holds only its first `frames[i]` frames and padding after them (later chunks of
+        several lengths in one call): every layer is causal, so its first `frames[i]` frames'
+        worth of samples are those of a call on its frames alone, and its state is taken
+        where its frames end; the samples after them are padding too."""
+        ends = None
+        if frames is not None and min(frames) < hidden.shape[1]:
+            ends = torch.tensor(frames, device=hidden.device)
+        walk = _Walk(_stack(states), ends)
         x = hidden.permute(0, 2, 1)
         for blocks in self.model.upsample:
             for block in blocks:
-                x = self._run(block, x, state)
+                x = walk.run(block, x)
         for block in self.model.decoder:
-            x = self._run(block, x, state)
+            x = walk.run(block, x)
         for i, s in enumerate(states):
-            s.update({k: v[i : i + 1] for k, v in state.items()})
+            s.update({k: v[i : i + 1] for k, v in walk.state.items()})
         return x[:, 0].clamp(min=-1, max=1)
 
-    def _run(self, m: nn.Module, x: torch.Tensor, state: State) -> torch.Tensor:
+
+class _Walk:
+    """One `decode` through the layers: the stacked state, and where each row's samples end
+    at the current rate (None: every row is whole)."""
+
+    def __init__(self, state: State, ends: torch.Tensor | None) -> None:
+        self.state, self.ends = state, ends
+
+    def _tail(self, x: torch.Tensor, n: int, shift: int = 0) -> torch.Tensor:
+        """Each row's last n samples of x [B, C, L], its end `shift` samples on."""
+        if self.ends is None:
+            return x[..., -n:]
+        at = self.ends[:, None] + shift - n + torch.arange(n, device=x.device)
+        return x.gather(2, at[:, None, :].expand(-1, x.shape[1], -1))
+
+    def run(self, m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        state = self.state
         if isinstance(m, qo.Qwen3OmniMoeCausalConvNet):
             if m.padding == 0:
                 return m.conv(x)
@@ -69,24 +94,25 @@ class StreamingDecoder:
             if past is None:
                 past = x.new_zeros(x.shape[0], x.shape[1], m.padding)
             x = torch.cat([past, x], dim=-1)
-            state[m] = x[..., -m.padding :]
+            state[m] = self._tail(x, m.padding, m.padding)
             return m.conv(x)
         if isinstance(m, qo.Qwen3OmniMoeCausalTransConvNet):
-            if m.left_pad == 0:
-                return m(x)
-            past = state.get(m)
-            state[m] = x[..., -1:]
+            past = state.get(m) if m.left_pad else None
+            if m.left_pad:
+                state[m] = self._tail(x, 1)
+            if self.ends is not None:
+                self.ends = self.ends * m.conv.stride[0]
             return m(x if past is None else torch.cat([past, x], dim=-1))
         if isinstance(m, qo.Qwen3OmniMoeConvNeXtBlock):
-            h = self._run(m.dwconv, x, state).permute(0, 2, 1)
+            h = self.run(m.dwconv, x).permute(0, 2, 1)
             h = m.gamma * m.pwconv2(m.act(m.pwconv1(m.norm(h))))
             return x + h.permute(0, 2, 1)
         if isinstance(m, qo.Qwen3OmniMoeCode2WavDecoderResidualUnit):
-            h = self._run(m.conv1, self._run(m.act1, x, state), state)
-            return x + self._run(m.conv2, self._run(m.act2, h, state), state)
+            h = self.run(m.conv1, self.run(m.act1, x))
+            return x + self.run(m.conv2, self.run(m.act2, h))
         if isinstance(m, qo.Qwen3OmniMoeCode2WavDecoderBlock):
             for b in m.block:
-                x = self._run(b, x, state)
+                x = self.run(b, x)
             return x
         if isinstance(m, qo.Qwen3OmniMoeSnakeBeta):
             return _snake(m, x)
