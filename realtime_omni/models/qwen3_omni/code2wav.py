@@ -211,8 +211,8 @@ class Code2WavExecutor(HoldsRequests):
     def _calls(self, chosen: list[tuple[str, int]]) -> list[tuple[bool, list[tuple[str, int]]]]:
         """The convolutions' calls: first chunks by length (they start with no past); later
         chunks longest first, each joining the call before when it is at most
-        `MERGE_PAD_FRAMES` shorter than that call's longest (padded to it: a call costs about
-        `MERGE_PAD_FRAMES` frames of work more than its frames, so padding a few beats a call)."""
+        `MERGE_PAD_FRAMES` shorter than that call's longest (padded to it: a call of its own
+        would cost 5-7 frames' work more)."""
         firsts: dict[int, list[tuple[str, int]]] = {}
         later: list[tuple[int, str, int]] = []
         for rid, end in chosen:
