@@ -196,7 +196,7 @@ class Code2WavExecutor(HoldsRequests):
             frames = [end - r.start for (_, end), r in zip(group, rows, strict=True)]
             t = max(frames)
             pad = [
-                F.pad(hidden[rid], (0, 0, 0, t - n))
+                hidden[rid] if n == t else F.pad(hidden[rid], (0, 0, 0, t - n))
                 for (rid, _), n in zip(group, frames, strict=True)
             ]
             wavs = self.decoder.decode(
