@@ -23,6 +23,10 @@ Optional: `hold(rid, held)`. While a request is held (its outputs wait for credi
 e.g. a listener who is far behind), `has_work` and `step` must ignore it; the runtime lifts the
 hold when its outputs flow again. An executor without `hold` makes the stage stop stepping
 altogether while any of its requests waits, so one slow request stalls the others there.
+
+Optional: `wake_in() -> float | None`. An executor whose `has_work` can turn true with no call
+in between (a paced step falling due, a listener's lead running out) says in how many seconds;
+the idle loop waits no longer than that for a message.
 """
 
 from __future__ import annotations

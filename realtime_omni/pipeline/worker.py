@@ -255,9 +255,10 @@ class Worker:
                 if self._beat() and self.args.watch_parent and os.getppid() != parent:
                     break  # the coordinator is gone: nothing will ever ask us again
                 if not busy and self.running:
+                    wait = min(beat_every, self._wake_in())
                     self._lock.release()
                     try:
-                        poller.poll(timeout=beat_every * 1000)
+                        poller.poll(timeout=wait * 1000)
                     finally:
                         self._lock.acquire()
         finally:
@@ -265,6 +266,17 @@ class Worker:
             self._lock.release()
             control.join()
             self.close()
+
+    def _wake_in(self) -> float:
+        """Seconds until a stage's executor has work again of itself, with no message (its
+        optional `wake_in`: a paced step falls due); infinite when none says."""
+        times = [
+            t
+            for st in self.stages.values()
+            if (wake := getattr(st.executor, "wake_in", None)) is not None
+            and (t := wake()) is not None
+        ]
+        return max(0.0, min(times, default=float("inf")))
 
     def _beat(self) -> bool:
         """Send the heartbeat when it is due (under the lock: from the loop between steps, and

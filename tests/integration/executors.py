@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
@@ -48,3 +49,31 @@ class ScalarMetaExecutor(SimulatedExecutor):
                 if e.data is not None:
                     e.data["score"] = np.float32(0.5)
         return emits
+
+
+class LaterExecutor(SimulatedExecutor):
+    """A simulated stage whose requests have work only `params.after_s` after they arrive: no
+    message wakes the loop then, the executor says when (`wake_in`)."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        super().__init__(ctx)
+        self.after_s = float(ctx.params.get("after_s", 0.5))
+        self.arrived: dict[str, float] = {}
+
+    def add_request(self, request_id: str, inputs: dict[str, dict[str, Any]]) -> None:
+        super().add_request(request_id, inputs)
+        self.arrived[request_id] = time.monotonic()
+
+    def _left(self) -> list[float]:
+        now = time.monotonic()
+        return [t for rid in self.reqs if (t := self.arrived[rid] + self.after_s - now) > 0]
+
+    def has_work(self) -> bool:
+        return not self._left() and super().has_work()
+
+    def wake_in(self) -> float | None:
+        return min(self._left(), default=None)
+
+    def abort(self, request_id: str) -> None:
+        super().abort(request_id)
+        self.arrived.pop(request_id, None)

@@ -301,6 +301,22 @@ def test_a_failing_request_does_not_hurt_the_others() -> None:
     run(body())
 
 
+def test_a_stage_is_stepped_when_its_executor_said_with_no_message_to_wake_it() -> None:
+    """An executor's `wake_in` (a paced step falling due): the loop waits that long for it,
+    not until the next message or heartbeat (here 5 s apart)."""
+    cfg = simulated_config(FAST, heartbeat_interval_s=5.0, heartbeat_timeout_s=30.0)
+    cfg["stages"]["preprocessing"]["executor"] = "tests.integration.executors:LaterExecutor"
+    cfg["stages"]["preprocessing"]["params"]["after_s"] = 0.3
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            t = time.monotonic()
+            check_complete(await (await coord.submit({"max_tokens": 4})).collect(), 4)
+            assert time.monotonic() - t < 3.0  # 0.3 s and the rest, or 5 s without wake_in
+
+    run(body())
+
+
 def test_a_stage_that_cannot_start_is_named() -> None:
     cfg = simulated_config(FAST)
     cfg["stages"]["code2wav"]["executor"] = "tests.integration.executors:BrokenExecutor"

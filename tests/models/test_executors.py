@@ -132,3 +132,102 @@ def test_a_first_chunk_goes_without_the_listeners_far_ahead(tiny_dir: Path, late
     else:
         assert chunks() == [("new", 2)]
         assert chunks() == [("old", 10)]
+
+
+def test_a_first_chunk_pending_keeps_the_listeners_far_ahead_waiting(tiny_dir: Path) -> None:
+    """code2wav: while a new answer has one of its first chunk's two frames, a listener with
+    more than `yield_lead_s` of audio ahead waits (no step begins, and the loop is told when
+    that listener runs short); the first chunk then goes alone. Once the listener is short, it
+    is served while the first chunk still waits."""
+    from realtime_omni.models.qwen3_omni.code2wav import Code2WavExecutor
+
+    ex = Code2WavExecutor(ctx("code2wav", {"path": str(tiny_dir)}))
+    now = [100.0]
+    ex.clock = lambda: now[0]
+    frames = np.random.default_rng(0).integers(0, 2048, (32, 16))
+
+    def give(rid: str, codes: np.ndarray) -> None:
+        for f in codes:
+            ex.add_item(rid, "talker_ar", {"codes": f, "token_time": 0.0})
+
+    def chunks() -> list[tuple[str, int]]:
+        return [(e.request_id, e.data["frames"]) for e in ex.step() if e.data]
+
+    for wait_s in (None, 1.1):
+        ex.reqs.clear()
+        ex.add_request("old", {})
+        give("old", frames[:16])
+        assert [chunks() for _ in range(4)] == [[("old", n)] for n in (2, 2, 4, 8)]
+        lead = ex.reqs["old"].samples / 24000  # 1.26 s out, none of it played yet
+        give("old", frames[16:26])  # its next chunk (10 frames) is due
+        assert ex.has_work() and ex.wake_in() is None
+        ex.add_request("new", {})
+        give("new", frames[:1])  # a new answer's first frame: its first chunk needs two
+        assert not ex.has_work()
+        assert ex.wake_in() == pytest.approx(lead - ex.yield_lead_s)
+        if wait_s is None:
+            give("new", frames[1:2])
+            assert chunks() == [("new", 2)]
+            assert chunks() == [("old", 10)]
+        else:
+            now[0] += wait_s  # "old" has 0.16 s left to play, "new" still one frame
+            assert ex.has_work() and chunks() == [("old", 10)]
+
+
+def test_the_thinker_paces_decode_steps_of_answers_past_their_first_tokens(tiny_dir: Path) -> None:
+    """thinker `decode_interval_ms`: with two answers decoding past their first two tokens, a
+    decode step waits for the interval since the last (the loop is told how long); a new prompt
+    waiting, or a lone answer, is never paced; and the tokens are those made unpaced."""
+    from realtime_omni.models.qwen3_omni.thinker import ThinkerExecutor
+
+    def make(interval_ms: float) -> ThinkerExecutor:
+        return ThinkerExecutor(
+            ctx("thinker", {"path": str(tiny_dir)}, decode_interval_ms=interval_ms)
+        )
+
+    tok = ex_tokenizer(tiny_dir)
+    prompt = tok("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    inputs = {"preprocessing": {"input_ids": np.array(prompt), "max_tokens": 8}}
+    got: dict[str, dict[str, list[int]]] = {}
+    for interval in (0.0, 20.0):
+        ex = make(interval)
+        now = [100.0]
+        ex.clock = lambda: now[0]  # noqa: B023
+        tokens: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+        paced = 0
+
+        def step() -> None:
+            for e in ex.step():  # noqa: B023
+                if e.data and e.to == "decode":
+                    tokens[e.request_id].append(e.data["token_id"])  # noqa: B023
+
+        ex.add_request("a", inputs)
+        step()
+        step()
+        step()  # "a" alone, past its first two tokens: never paced
+        assert ex.has_work() and ex.wake_in() is None
+        ex.add_request("b", inputs)
+        while len(tokens["b"]) < 2 or not ex.has_work():
+            if not ex.has_work():
+                paced += 1
+                assert ex.wake_in() == pytest.approx(0.02 - (now[0] - ex.last_decode))
+                now[0] += 0.005
+                continue
+            step()
+        step()
+        if interval:
+            assert not ex.has_work() and ex.wake_in() == pytest.approx(0.02)
+            ex.add_request("c", inputs)  # a prompt waits: no pacing
+            assert ex.has_work() and ex.wake_in() is None
+        else:
+            assert ex.has_work() and ex.wake_in() is None
+            ex.add_request("c", inputs)
+        while ex.reqs:
+            if ex.has_work():
+                step()
+            else:
+                paced += 1
+                now[0] += 0.005
+        assert (paced > 0) == bool(interval)
+        got[str(interval)] = tokens
+    assert got["0.0"] == got["20.0"] and all(len(t) == 8 for t in got["0.0"].values())

@@ -23,12 +23,16 @@ within `MERGE_PAD_FRAMES` of the longest, each padded to it (every layer is caus
 samples and state are those of its own frames), for up to the stage's `max_batch` chunks.
 A step decodes at most `params.max_frames_per_step` new frames (default 64), the chunks of the
 listeners who have heard the least first: a new answer's first chunk never waits behind the
-others' longer chunks, and a step never holds the talker in the same process up for long. A
-step that makes a first chunk also leaves out the listeners with at least
-`params.yield_lead_s` (default 0.2 s, 0: never) of audio ahead of real time, counted from their
-first chunk: a step costs about its frames, so the first chunk's step is short, and they get
-the next one with audio to spare (benchmarks/concurrency.py, 16 streams: first audio p99 298
--> 230 ms, the median of 12 rounds each, and no more stalls).
+others' longer chunks, and a step never holds the talker in the same process up for long.
+While a new answer waits for its first chunk (its frames come in a talker step apart), steps
+leave out the listeners with at least `params.yield_lead_s` (default 0.2 s, 0: never) of audio
+ahead of real time, counted from their first chunk, and the stage would rather wait for the
+first chunk's frames than begin a long step: a step costs about its frames, so the first
+chunk's step is short, and the others get the next one with audio to spare, or a step of their
+own once their lead falls to `yield_lead_s` (`wake_in`). benchmarks/concurrency.py, 16 streams:
+leaving them out of the step that makes a first chunk took first audio p99 from 298 to 230 ms
+(the median of 12 rounds each), with no more stalls; leaving them out while the first chunk's
+frames come in too: benchmarks/README.md, session 17.
 
 Outputs: `{pcm [n] float32, codes [frames, 16] int32, index, frames, token_time, request_id,
 sample_rate_hz}`, where `token_time` is that of the chunk's first frame.
@@ -134,22 +138,25 @@ class Code2WavExecutor(HoldsRequests):
         self.reqs[request_id].ended = True
 
     def has_work(self) -> bool:
-        return any(self._due(r) is not None or r.ended for r in self.running().values())
+        running = self.running().values()
+        return any(r.ended and r.start >= len(r.frames) for r in running) or bool(self._serve())
+
+    def wake_in(self) -> float | None:
+        """Seconds until a listener left out for a first chunk (`_serve`) runs short."""
+        if not self._yielding():
+            return None
+        now = self.clock()
+        running = self.running().values()
+        spare = [self._ahead_s(r, now) - self.yield_lead_s for r in running if self._due(r)]
+        return max(0.0, min(spare)) if spare else None
 
     def step(self) -> list[Emit]:
         emits: list[Emit] = []
-        due: list[tuple[int, str, int]] = []  # (frames heard, rid, chunk end)
         for rid, r in list(self.running().items()):
-            end = self._due(r)
-            if end is not None:
-                due.append((r.start, rid, end))
-            elif r.ended and r.start >= len(r.frames):
+            if r.ended and r.start >= len(r.frames):
                 del self.reqs[rid]
                 emits.append(Emit(rid, done=True))
-        # A first chunk's step leaves out the listeners with `yield_lead_s` of audio to spare.
-        if self.yield_lead_s > 0 and any(self.reqs[rid].chunks == 0 for _, rid, _ in due):
-            now = self.clock()
-            due = [d for d in due if self._ahead_s(self.reqs[d[1]], now) < self.yield_lead_s]
+        due = self._serve()
         # The listeners who have heard the least go first (a new answer's first chunk above all),
         # within `max_frames_per_step` new frames, so that one step never holds up the stages
         # sharing this process (the talker) for long: those who wait have audio queued.
@@ -164,6 +171,27 @@ class Code2WavExecutor(HoldsRequests):
 
     def abort(self, request_id: str) -> None:
         self.reqs.pop(request_id, None)
+
+    def _serve(self) -> list[tuple[int, str, int]]:
+        """The chunks due, as (frames heard, rid, chunk end). While a new answer waits for its
+        first chunk, the listeners with `yield_lead_s` of audio to spare are left out: its
+        frames come a talker step apart, and a long step begun in between would hold its first
+        chunk up."""
+        due = []
+        for rid, r in self.running().items():
+            end = self._due(r)
+            if end is not None:
+                due.append((r.start, rid, end))
+        if due and self._yielding():
+            now = self.clock()
+            due = [d for d in due if self._ahead_s(self.reqs[d[1]], now) < self.yield_lead_s]
+        return due
+
+    def _yielding(self) -> bool:
+        """A new answer has frames in and no chunk out yet."""
+        return self.yield_lead_s > 0 and any(
+            r.chunks == 0 and r.frames for r in self.running().values()
+        )
 
     @staticmethod
     def _ahead_s(r: _Request, now: float) -> float:

@@ -58,6 +58,9 @@ from realtime_omni.models.qwen3_omni.weights import load_config, load_part, mode
 from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
+# A paced request has made this many tokens: the talker's first two frames (the first chunk's)
+# need tokens 0 and 1, so they are never waited for.
+PACED_AFTER = 2
 
 
 @dataclass
@@ -133,6 +136,11 @@ class ThinkerExecutor(HoldsRequests):
         )
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
+        self.decode_interval_s = float(p.get("decode_interval_ms", 0)) / 1e3
+        if self.decode_interval_s < 0:
+            raise ValueError("thinker: decode_interval_ms >= 0")
+        self.clock = time.monotonic
+        self.last_decode = float("-inf")  # when the last decode step ran (`clock`)
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -175,14 +183,25 @@ class ThinkerExecutor(HoldsRequests):
     def has_work(self) -> bool:
         """Some running request decodes or prefills; one waiting for a cache row while every
         row is held makes no work (the loop must not spin on it)."""
+        running = self.running()
+        due = self._paced_until(running)
+        if due is not None and self.clock() < due:
+            return False
         free = self.sessions.row_available()
-        return any(r.row is not None or free for r in self.running().values())
+        return any(r.row is not None or free for r in running.values())
+
+    def wake_in(self) -> float | None:
+        """Seconds until a paced decode step is due (`_paced_until`), else None."""
+        due = self._paced_until(self.running())
+        return None if due is None else max(0.0, due - self.clock())
 
     def step(self) -> list[Emit]:
         """Decode one token of every running request together, then prefill new prompts."""
         running = self.running()
         decoding = [rid for rid, r in running.items() if r.decoding]
         emits = self._decode(decoding) if decoding else []
+        if decoding:
+            self.last_decode = self.clock()
         budget = self.prefill_budget
         for rid, r in list(running.items()):
             if r.decoding or rid not in self.reqs:
@@ -213,6 +232,19 @@ class ThinkerExecutor(HoldsRequests):
             hidden = torch.cat([r.prompt.hidden, gen.new_zeros(gen.shape)])
         # Answer tokens' hidden rows are zeros: the talker's prompt reads user turns only.
         self.sessions.keep(r.session, r.row, torch.cat([r.prompt.embeds, gen]), (hs0, hidden))
+
+    def _paced_until(self, running: dict[str, _Request]) -> float | None:
+        """When the next decode step is due if it is paced, `decode_interval_ms` after the
+        last: while two or more requests decode, every one past its first `PACED_AFTER` tokens
+        and speaking (the talker takes a token per 80 ms frame), and no prompt waits. The rows
+        then gather into a few full steps instead of a step per row as they arrive; the first
+        tokens, which the first audio waits for, and a lone request are never paced."""
+        if self.decode_interval_s <= 0 or len(running) < 2 or not self.speech:
+            return None
+        for r in running.values():
+            if not r.decoding or len(r.tokens) < PACED_AFTER or r.text_only:
+                return None
+        return self.last_decode + self.decode_interval_s
 
     # ---- model calls ---------------------------------------------------------------------
 
