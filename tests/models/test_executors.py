@@ -175,26 +175,22 @@ def test_a_first_chunk_pending_keeps_the_listeners_far_ahead_waiting(tiny_dir: P
 
 
 def test_the_thinker_paces_decode_steps_of_answers_past_their_first_tokens(tiny_dir: Path) -> None:
-    """thinker `decode_interval_ms`: with two answers decoding past their first two tokens, a
-    decode step waits for the interval since the last (the loop is told how long); a new prompt
-    waiting, or a lone answer, is never paced; and the tokens are those made unpaced."""
+    """thinker `decode_interval_ms`: an answer past its first two tokens waits for the interval
+    since the last decode step (the loop is told how long), alone or beside another; a prompt
+    waiting, or a text answer running, is never kept waiting; the tokens are those made
+    unpaced."""
     from realtime_omni.models.qwen3_omni.thinker import ThinkerExecutor
-
-    def make(interval_ms: float) -> ThinkerExecutor:
-        return ThinkerExecutor(
-            ctx("thinker", {"path": str(tiny_dir)}, decode_interval_ms=interval_ms)
-        )
 
     tok = ex_tokenizer(tiny_dir)
     prompt = tok("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     inputs = {"preprocessing": {"input_ids": np.array(prompt), "max_tokens": 8}}
-    got: dict[str, dict[str, list[int]]] = {}
+    text = {"preprocessing": {**inputs["preprocessing"], "text_only": True}}
+    got: dict[float, dict[str, list[int]]] = {}
     for interval in (0.0, 20.0):
-        ex = make(interval)
+        ex = ThinkerExecutor(ctx("thinker", {"path": str(tiny_dir)}, decode_interval_ms=interval))
         now = [100.0]
         ex.clock = lambda: now[0]  # noqa: B023
         tokens: dict[str, list[int]] = {"a": [], "b": [], "c": []}
-        paced = 0
 
         def step() -> None:
             for e in ex.step():  # noqa: B023
@@ -202,32 +198,29 @@ def test_the_thinker_paces_decode_steps_of_answers_past_their_first_tokens(tiny_
                     tokens[e.request_id].append(e.data["token_id"])  # noqa: B023
 
         ex.add_request("a", inputs)
-        step()
-        step()
-        step()  # "a" alone, past its first two tokens: never paced
-        assert ex.has_work() and ex.wake_in() is None
-        ex.add_request("b", inputs)
-        while len(tokens["b"]) < 2 or not ex.has_work():
-            if not ex.has_work():
-                paced += 1
-                assert ex.wake_in() == pytest.approx(0.02 - (now[0] - ex.last_decode))
-                now[0] += 0.005
-                continue
-            step()
-        step()
+        step()  # the prefill: token 0
+        step()  # token 1: from here on "a" is paced
         if interval:
             assert not ex.has_work() and ex.wake_in() == pytest.approx(0.02)
-            ex.add_request("c", inputs)  # a prompt waits: no pacing
+            now[0] += 0.015
+            assert not ex.has_work() and ex.wake_in() == pytest.approx(0.005)
+            ex.add_request("b", inputs)  # a prompt waits: no pacing
             assert ex.has_work() and ex.wake_in() is None
         else:
             assert ex.has_work() and ex.wake_in() is None
-            ex.add_request("c", inputs)
+            ex.add_request("b", inputs)
+        paced, asked = 0, False
         while ex.reqs:
+            if len(tokens["b"]) == 4 and not asked:
+                ex.add_request("c", text)  # a text answer: nothing waits for it
+                asked = True
+            if "c" in ex.reqs and ex.reqs["c"].decoding:
+                assert ex.has_work()
             if ex.has_work():
                 step()
             else:
                 paced += 1
                 now[0] += 0.005
         assert (paced > 0) == bool(interval)
-        got[str(interval)] = tokens
-    assert got["0.0"] == got["20.0"] and all(len(t) == 8 for t in got["0.0"].values())
+        got[interval] = tokens
+    assert got[0.0] == got[20.0] and all(len(t) == 8 for t in got[0.0].values())

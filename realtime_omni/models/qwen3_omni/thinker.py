@@ -24,7 +24,11 @@ sampler, and then prefills new prompts in chunks of at most `max_prefill_tokens_
 tokens: a new turn delays the others' next token by one chunk's forward per step, not by its
 whole prompt. A request whose prefill ends in a step emits its first token in that step.
 Requests beyond `max_batch` wait for a row. Per-request state (row, positions, sampler) lives in
-`_Request`; the module's own `rope_deltas` is never read or written.
+`_Request`; the module's own `rope_deltas` is never read or written. With
+`params.decode_interval_ms` (default 0: off; 20 in configs/tiny.yaml), decode steps come at
+most that often while every running request speaks and is past its first two tokens and no
+prompt waits: the talker takes a token per 80 ms frame, and tokens made faster only take the
+cores from the stages after this one (`_paced_until`).
 
 Conversations (`session_id` in the request): when a turn of a session ends (finished or
 aborted), its cache row is kept with the inputs whose keys and values it holds (the prompt and
@@ -235,11 +239,12 @@ class ThinkerExecutor(HoldsRequests):
 
     def _paced_until(self, running: dict[str, _Request]) -> float | None:
         """When the next decode step is due if it is paced, `decode_interval_ms` after the
-        last: while two or more requests decode, every one past its first `PACED_AFTER` tokens
-        and speaking (the talker takes a token per 80 ms frame), and no prompt waits. The rows
-        then gather into a few full steps instead of a step per row as they arrive; the first
-        tokens, which the first audio waits for, and a lone request are never paced."""
-        if self.decode_interval_s <= 0 or len(running) < 2 or not self.speech:
+        last: while every running request speaks and is past its first `PACED_AFTER` tokens,
+        and no prompt waits. The talker takes a token per 80 ms frame, so tokens made faster
+        only take the cores from the stages after this one (and from new answers' first
+        audio); paced, the rows also gather into a few full steps instead of a step per row
+        as they come. The first tokens, which the first audio waits for, are never paced."""
+        if self.decode_interval_s <= 0 or not running or not self.speech:
             return None
         for r in running.values():
             if not r.decoding or len(r.tokens) < PACED_AFTER or r.text_only:
