@@ -147,7 +147,9 @@ class Code2WavExecutor(HoldsRequests):
             return None
         now = self.clock()
         running = self.running().values()
-        spare = [self._ahead_s(r, now) - self.yield_lead_s for r in running if self._due(r)]
+        spare = [
+            self._ahead_s(r, now) - self.yield_lead_s for r in running if self._due(r) is not None
+        ]
         return max(0.0, min(spare)) if spare else None
 
     def step(self) -> list[Emit]:

@@ -144,7 +144,7 @@ class ThinkerExecutor(HoldsRequests):
         if self.decode_interval_s < 0:
             raise ValueError("thinker: decode_interval_ms >= 0")
         self.clock = time.monotonic
-        self.last_decode = float("-inf")  # when the last decode step ran (`clock`)
+        self.last_decode = float("-inf")  # when the last decode step began (`clock`)
         self.reqs: dict[str, _Request] = {}
 
     # ---- executor contract ---------------------------------------------------------------
@@ -203,9 +203,9 @@ class ThinkerExecutor(HoldsRequests):
         """Decode one token of every running request together, then prefill new prompts."""
         running = self.running()
         decoding = [rid for rid, r in running.items() if r.decoding]
-        emits = self._decode(decoding) if decoding else []
         if decoding:
-            self.last_decode = self.clock()
+            self.last_decode = self.clock()  # its start: a token every interval, however long
+        emits = self._decode(decoding) if decoding else []
         budget = self.prefill_budget
         for rid, r in list(running.items()):
             if r.decoding or rid not in self.reqs:
