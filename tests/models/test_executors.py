@@ -101,24 +101,32 @@ def test_the_code_predictor_loop_matches_the_transformers_forward(tiny_dir: Path
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+class _Vocoder:
+    """A code2wav executor on a clock of the test's (`now[0]`), and frames to give it."""
+
+    def __init__(self, tiny_dir: Path) -> None:
+        from realtime_omni.models.qwen3_omni.code2wav import Code2WavExecutor
+
+        self.ex = Code2WavExecutor(ctx("code2wav", {"path": str(tiny_dir)}))
+        self.now = [100.0]
+        self.ex.clock = lambda: self.now[0]
+        self.frames = np.random.default_rng(0).integers(0, 2048, (32, 16))
+
+    def give(self, rid: str, codes: np.ndarray) -> None:
+        for f in codes:
+            self.ex.add_item(rid, "talker_ar", {"codes": f, "token_time": 0.0})
+
+    def chunks(self) -> list[tuple[str, int]]:
+        return [(e.request_id, e.data["frames"]) for e in self.ex.step() if e.data]
+
+
 @pytest.mark.parametrize("later_s", [0.0, 2.0])
 def test_a_first_chunk_goes_without_the_listeners_far_ahead(tiny_dir: Path, later_s: float) -> None:
     """code2wav: a step that makes a new answer's first chunk leaves out a listener with more
     than `yield_lead_s` of audio ahead of real time (it gets the next step); once that listener
     is no longer ahead, both chunks share the step."""
-    from realtime_omni.models.qwen3_omni.code2wav import Code2WavExecutor
-
-    ex = Code2WavExecutor(ctx("code2wav", {"path": str(tiny_dir)}))
-    now = [100.0]
-    ex.clock = lambda: now[0]
-    frames = np.random.default_rng(0).integers(0, 2048, (32, 16))
-
-    def give(rid: str, codes: np.ndarray) -> None:
-        for f in codes:
-            ex.add_item(rid, "talker_ar", {"codes": f, "token_time": 0.0})
-
-    def chunks() -> list[tuple[str, int]]:
-        return [(e.request_id, e.data["frames"]) for e in ex.step() if e.data]
+    v = _Vocoder(tiny_dir)
+    ex, now, frames, give, chunks = v.ex, v.now, v.frames, v.give, v.chunks
 
     ex.add_request("old", {})
     give("old", frames[:16])
@@ -139,19 +147,8 @@ def test_a_first_chunk_pending_keeps_the_listeners_far_ahead_waiting(tiny_dir: P
     more than `yield_lead_s` of audio ahead waits (no step begins, and the loop is told when
     that listener runs short); the first chunk then goes alone. Once the listener is short, it
     is served while the first chunk still waits."""
-    from realtime_omni.models.qwen3_omni.code2wav import Code2WavExecutor
-
-    ex = Code2WavExecutor(ctx("code2wav", {"path": str(tiny_dir)}))
-    now = [100.0]
-    ex.clock = lambda: now[0]
-    frames = np.random.default_rng(0).integers(0, 2048, (32, 16))
-
-    def give(rid: str, codes: np.ndarray) -> None:
-        for f in codes:
-            ex.add_item(rid, "talker_ar", {"codes": f, "token_time": 0.0})
-
-    def chunks() -> list[tuple[str, int]]:
-        return [(e.request_id, e.data["frames"]) for e in ex.step() if e.data]
+    v = _Vocoder(tiny_dir)
+    ex, now, frames, give, chunks = v.ex, v.now, v.frames, v.give, v.chunks
 
     for wait_s in (None, 1.1):
         ex.reqs.clear()
