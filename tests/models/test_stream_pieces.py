@@ -163,3 +163,45 @@ def test_later_chunks_of_several_lengths_decode_as_each_alone(tiny_dir) -> None:
         for i in range(3):
             ref = dec.decode(nxt[i : i + 1], [alone[i]])[0]
             torch.testing.assert_close(wav[i], ref, atol=1e-5, rtol=0)
+
+
+def test_transposed_convolutions_run_on_torch_kernels_and_the_flag_comes_back() -> None:
+    """`vocoder._native` turns oneDNN off for its call only, and back on after it, however the
+    call ends; the samples are those of oneDNN's kernels to float noise."""
+    import torch
+
+    from realtime_omni.models.qwen3_omni.vocoder import _native
+
+    seen = []
+
+    class Probe(torch.nn.ConvTranspose1d):
+        def forward(self, x: torch.Tensor, output_size: object = None) -> torch.Tensor:
+            seen.append(torch.backends.mkldnn.enabled)
+            if x.shape[0] == 0:
+                raise RuntimeError("empty")
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    conv = Probe(8, 4, 10, stride=5)
+    x = torch.randn(3, 8, 50)
+    assert torch.backends.mkldnn.enabled
+    got = _native(conv, x)
+    assert seen == [False] and torch.backends.mkldnn.enabled
+    torch.testing.assert_close(got, conv(x), atol=1e-5, rtol=0)
+    assert seen == [False, True]
+    with pytest.raises(RuntimeError):
+        _native(conv, x[:0])
+    assert torch.backends.mkldnn.enabled
+
+
+def test_stage_processes_keep_more_onednn_kernels_unless_told(monkeypatch) -> None:
+    import os
+
+    from realtime_omni.models.qwen3_omni.tensors import ONEDNN_KERNELS, setup_torch
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    setup_torch("cpu")
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS) != "1024"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    setup_torch("cpu")
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"

@@ -48,9 +48,19 @@ def nonempty(a: Any) -> bool:
     return isinstance(a, np.ndarray) and a.size > 0
 
 
+# oneDNN builds a kernel for each convolution and each new input shape and keeps the last 1,024
+# by default. code2wav alone has ~34 convolutions and its steps come in every batch shape (rows
+# x frames), so it kept rebuilding them: chunks of 32 shapes, decoded a second time, 1.56 s with
+# 1,024 kept and 1.01 s with this many (benchmarks/vocoder_shapes.py), at no cost in memory that
+# showed (peak RSS 744 and 706 MB). Read once, at a process's first oneDNN call.
+ONEDNN_KERNELS = 16384
+
+
 def setup_torch(device: str) -> torch.device:
-    """No autograd, and as many intra-op threads as the stage's `threads` (the worker exports
-    it as OMP_NUM_THREADS before the executor is built)."""
+    """No autograd, as many intra-op threads as the stage's `threads` (the worker exports it
+    as OMP_NUM_THREADS before the executor is built), and oneDNN's kernels kept (unless the
+    environment says otherwise)."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS))
     torch.set_grad_enabled(False)
     threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     torch.set_num_threads(max(1, threads))

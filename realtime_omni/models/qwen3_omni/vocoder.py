@@ -28,6 +28,7 @@ from torch import nn
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qo
 
 State = dict[nn.Module, torch.Tensor]  # per request: batch dimension 1
+NATIVE_TRANSPOSED = True  # see `_native`; benchmarks/vocoder_shapes.py compares both
 
 
 class StreamingDecoder:
@@ -102,7 +103,7 @@ class _Walk:
                 state[m] = self._tail(x, 1)
             if self.ends is not None:
                 self.ends = self.ends * m.conv.stride[0]
-            return m(x if past is None else torch.cat([past, x], dim=-1))
+            return _native(m, x if past is None else torch.cat([past, x], dim=-1))
         if isinstance(m, qo.Qwen3OmniMoeConvNeXtBlock):
             h = self.run(m.dwconv, x).permute(0, 2, 1)
             h = m.gamma * m.pwconv2(m.act(m.pwconv1(m.norm(h))))
@@ -117,6 +118,21 @@ class _Walk:
         if isinstance(m, qo.Qwen3OmniMoeSnakeBeta):
             return _snake(m, x)
         raise TypeError(f"code2wav streaming: no rule for {type(m).__name__}")
+
+
+def _native(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`m(x)` with PyTorch's own CPU kernels instead of oneDNN's: for the transposed
+    convolutions they are faster, whether oneDNN has its kernel for the shape yet or must build
+    it (code2wav's steps come in every batch shape). Chunks of 32 shapes, tiny model: 1.89 ->
+    1.58 s the first time, 1.11 -> 1.06 s with every kernel built (benchmarks/vocoder_shapes.py).
+    The other convolutions stay with oneDNN: PyTorch's kernels took 1.5x as long for them."""
+    if not NATIVE_TRANSPOSED or x.device.type != "cpu" or not torch.backends.mkldnn.enabled:
+        return m(x)
+    torch.backends.mkldnn.enabled = False
+    try:
+        return m(x)
+    finally:
+        torch.backends.mkldnn.enabled = True
 
 
 def _stack(states: list[State]) -> State:
