@@ -14,12 +14,15 @@ prints the median time of each pass:
   own kernels (`vocoder._native`).
 
     python benchmarks/vocoder_shapes.py [--rows 1,2,3,4,6,8,12,16] [--frames 2,4,8,10]
-        [--rounds 3]
+        [--rounds 3] [--json PATH]
+
+`--json` writes `{"rows": [{"variant", "first_ms", "known_ms"}]}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import subprocess
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,3,4,6,8,12,16")
     parser.add_argument("--frames", default="2,4,8,10")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows = [int(x) for x in args.rows.split(",")]
@@ -95,10 +99,14 @@ def main() -> None:
             got[variant].append((first, second))
     n = len(rows) * len(frames)
     print(f"{n} chunk shapes, {args.rounds} rounds, medians:")
+    out = []
     for variant, runs in got.items():
         first = statistics.median(r[0] for r in runs) * 1e3
         second = statistics.median(r[1] for r in runs) * 1e3
         print(f"  {variant:11} first meeting {first:7.0f} ms   known shapes {second:7.0f} ms")
+        out.append({"variant": variant, "first_ms": first, "known_ms": second})
+    if args.json:
+        args.json.write_text(json.dumps({"rows": out}, indent=2))
 
 
 if __name__ == "__main__":

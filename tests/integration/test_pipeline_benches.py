@@ -1,6 +1,6 @@
-"""benchmarks/abort.py, concurrency.py, first_audio.py and gc_pause.py run end to end with a
-handful of requests (or passes) and write their JSON (its shape is checked, not its
-numbers)."""
+"""benchmarks/abort.py, concurrency.py, first_audio.py, gc_pause.py and vocoder_shapes.py run
+end to end with a handful of requests (or passes) and write their JSON (its shape is checked,
+not its numbers)."""
 
 from __future__ import annotations
 
@@ -134,6 +134,14 @@ def test_batch_steps_benchmark_at_real_widths_with_random_weights(tmp_path: Path
         cfg["im_end_token_id"]
         == json.loads((ensure_tiny(0) / "config.json").read_text())["im_end_token_id"]
     )
+
+
+def test_vocoder_shapes_benchmark_times_each_variant(tmp_path: Path) -> None:
+    args = ("--rows", "1,2", "--frames", "2", "--rounds", "1", "--json", str(tmp_path / "v.json"))
+    data, stdout = bench("vocoder_shapes.py", *args, limit_s=120)
+    assert [r["variant"] for r in data["rows"]] == ["onednn-1024", "onednn", "native"]
+    assert all(r["first_ms"] > 0 and r["known_ms"] > 0 for r in data["rows"])
+    assert "known shapes" in stdout
 
 
 def test_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
