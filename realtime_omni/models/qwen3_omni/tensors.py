@@ -49,10 +49,11 @@ def nonempty(a: Any) -> bool:
 
 
 # oneDNN builds a kernel for each convolution and each new input shape and keeps the last 1,024
-# by default. code2wav alone has ~34 convolutions and its steps come in every batch shape (rows
-# x frames), so it kept rebuilding them: chunks of 32 shapes, decoded a second time, 1.56 s with
-# 1,024 kept and 1.01 s with this many (benchmarks/vocoder_shapes.py), at no cost in memory that
-# showed (peak RSS 744 and 706 MB). Read once, at a process's first oneDNN call.
+# by default. The tiny code2wav alone has 34 convolutions and its steps come in every batch
+# shape (rows x frames), so it kept rebuilding them: chunks of 32 shapes, decoded a second time,
+# 1.73 s with 1,024 kept and 1.11 s with this many (benchmarks/vocoder_shapes.py, medians of 3
+# rounds), at no cost in memory that showed (peak RSS 744 and 706 MB, one run each). Read once,
+# at a process's first oneDNN call.
 ONEDNN_KERNELS = 16384
 
 
