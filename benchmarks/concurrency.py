@@ -16,6 +16,8 @@ per forward, the baseline) in the same run:
 
 N = 1 runs `ONE_STREAM_RUNS` requests one after another, so that the one-stream p50 the
 first-audio target divides by is a median, not one request's figure.
+A count may repeat (`--streams 1,16,16`): the same server meets that burst again, with the
+kernels for the first one's shapes built; every row goes to the JSON, the verdict reads the last.
 
     python benchmarks/concurrency.py [--configs tiny,simulated] [--streams 1,4,16,64]
         [--max-tokens 16] [--stagger-ms 50] [--device cuda:0] [--json PATH]
