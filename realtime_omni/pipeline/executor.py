@@ -26,7 +26,9 @@ altogether while any of its requests waits, so one slow request stalls the other
 
 Optional: `wake_in() -> float | None`. An executor whose `has_work` can turn true with no call
 in between (a paced step falling due, a listener's lead running out) says in how many seconds;
-the idle loop waits no longer than that for a message.
+the idle loop waits no longer than that for a message. A time already past is 0, not None: the
+loop asks `has_work` and then `wake_in`, and the moment can fall between the two calls (None
+would leave the loop waiting for the next message or heartbeat).
 """
 
 from __future__ import annotations

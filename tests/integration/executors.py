@@ -72,7 +72,10 @@ class LaterExecutor(SimulatedExecutor):
         return not self._left() and super().has_work()
 
     def wake_in(self) -> float | None:
-        return min(self._left(), default=None)
+        # Not `_left()`: a request that fell due after `has_work` said no is 0, not None.
+        now = time.monotonic()
+        due = [self.arrived[rid] + self.after_s - now for rid in self.reqs]
+        return max(0.0, min(due)) if due else None
 
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
