@@ -40,21 +40,25 @@ from realtime_omni.pipeline.shm import list_segments  # noqa: E402
 
 
 async def resources(coord: Coordinator) -> dict[str, Any]:
-    """What must come back: with the pipeline idle, every credit free."""
-    for _ in range(200):  # the last StageDone messages trail the outputs by a moment
-        if coord.in_flight == 0:
+    """What must come back: with the pipeline idle, every credit free and no request held.
+    The last StageDone messages trail the outputs by a moment, and so can an acknowledgement
+    between two stages (another process than the one the stats request comes from sends it),
+    so this waits up to 2 s for all three: what is still out then is lost."""
+    for _ in range(40):
+        stats = await coord.stats()
+        lent = sum(
+            st.total_slots[e] - st.free_slots[e] for st in stats.values() for e in st.total_slots
+        )
+        lent += coord.outlet.pool.n - coord.outlet.pool.free
+        held = sum(sum(st.active_requests.values()) for st in stats.values())
+        if coord.in_flight == lent == held == 0:
             break
-        await asyncio.sleep(0.01)
-    stats = await coord.stats()
+        await asyncio.sleep(0.05)
     me = psutil.Process()
     return {
         "in_flight": coord.in_flight,
-        "slots_lent": sum(
-            st.total_slots[e] - st.free_slots[e] for st in stats.values() for e in st.total_slots
-        )
-        + coord.outlet.pool.n
-        - coord.outlet.pool.free,
-        "requests_held": sum(sum(st.active_requests.values()) for st in stats.values()),
+        "slots_lent": lent,
+        "requests_held": held,
         "segments": len(list_segments(os.getpid())),
         "fds": me.num_fds(),
         "threads": me.num_threads(),
