@@ -64,17 +64,17 @@ class LaterExecutor(SimulatedExecutor):
         super().add_request(request_id, inputs)
         self.arrived[request_id] = time.monotonic()
 
-    def _left(self) -> list[float]:
+    def _due_in(self) -> list[float]:
+        """Seconds until each request has work: 0 or less once it has."""
         now = time.monotonic()
-        return [t for rid in self.reqs if (t := self.arrived[rid] + self.after_s - now) > 0]
+        return [self.arrived[rid] + self.after_s - now for rid in self.reqs]
 
     def has_work(self) -> bool:
-        return not self._left() and super().has_work()
+        return all(t <= 0 for t in self._due_in()) and super().has_work()
 
     def wake_in(self) -> float | None:
-        # Not `_left()`: a request that fell due after `has_work` said no is 0, not None.
-        now = time.monotonic()
-        due = [self.arrived[rid] + self.after_s - now for rid in self.reqs]
+        # A request that fell due after `has_work` said no is 0, not None.
+        due = self._due_in()
         return max(0.0, min(due)) if due else None
 
     def abort(self, request_id: str) -> None:
