@@ -21,7 +21,7 @@ from realtime_omni.clients.webrtc import http
 from realtime_omni.gateway.audio import resample
 from tests.conftest import ROOT, run, timeout
 from tests.e2e.conftest import serving
-from tests.e2e.test_webrtc import assert_pipeline_idle, get_json
+from tests.e2e.test_webrtc import assert_pipeline_idle, get_json, settle
 
 LOUD = 0.05  # the simulated tone peaks at 0.1
 IDLE_S = 6.0
@@ -45,15 +45,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def speech8(speech: np.ndarray) -> np.ndarray:
     return resample(speech, 24000, 8000)
-
-
-async def settle(url: str, limit_s: float = 5.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout(limit_s)
-    while True:
-        st = await asyncio.to_thread(get_json, f"{url}/v1/stats")
-        if (st["sessions"] == 0 and st["in_flight"] == 0) or time.monotonic() > deadline:
-            return st
-        await asyncio.sleep(0.05)
 
 
 async def phone_stats(url: str) -> list[dict[str, Any]]:

@@ -25,8 +25,7 @@ from realtime_omni.clients.baresip import dial, loud, recordings, write_wav
 from realtime_omni.gateway.audio import resample
 from tests.conftest import ROOT, timeout
 from tests.e2e.conftest import _free_port, serving
-from tests.e2e.test_phone import settle
-from tests.e2e.test_webrtc import assert_pipeline_idle, get_json
+from tests.e2e.test_webrtc import assert_pipeline_idle, get_json, settle
 
 SCENARIOS = Path(__file__).parent / "sip"
 LOUD = 1500  # int16: the simulated tone peaks near 3,300 after G.711

@@ -20,8 +20,7 @@ from realtime_omni.clients.webrtc import espeak
 from realtime_omni.gateway.audio import resample
 from tests.conftest import ROOT, run, timeout
 from tests.e2e.conftest import serving
-from tests.e2e.test_phone import settle
-from tests.e2e.test_webrtc import assert_pipeline_idle
+from tests.e2e.test_webrtc import assert_pipeline_idle, settle
 
 BOT = (
     "The weather today is sunny with a light breeze from the west. It will stay warm until the "

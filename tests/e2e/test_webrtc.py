@@ -53,14 +53,26 @@ def get_json(url: str, headers: dict[str, str] | None = None) -> Any:
 async def settle(
     url: str, limit_s: float = 5.0, headers: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """/v1/stats once no session is left and the pipeline holds nothing."""
+    """/v1/stats once no session is left and the pipeline holds nothing.
+
+    Waits for the credits too: a stage's acknowledgement to the stage before it comes
+    from another process than the stats answer does, so it can trail `in_flight` by a
+    few milliseconds. A credit really lost is still out at the deadline."""
     deadline = time.monotonic() + timeout(limit_s)
     while True:
         st = await asyncio.to_thread(get_json, f"{url}/v1/stats", headers)
-        idle = st["sessions"] == 0 and st["in_flight"] == 0 and st["webrtc"]["live"] == 0
+        idle = st["sessions"] == 0 and st["webrtc"]["live"] == 0 and pipeline_idle(st)
         if idle or time.monotonic() > deadline:
             return st
         await asyncio.sleep(0.05)
+
+
+def pipeline_idle(st: dict[str, Any]) -> bool:
+    return (
+        st["in_flight"] == 0
+        and st["free_slots"] == st["total_slots"]
+        and not any(st["active_requests"].values())
+    )
 
 
 def assert_pipeline_idle(st: dict[str, Any]) -> None:
