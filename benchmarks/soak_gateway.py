@@ -136,8 +136,10 @@ async def typist(url: str, stop: float, out: dict[str, int], seed: int) -> None:
 
 
 async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
+    # A deaf caller never reads the server's close frame: without a short close_timeout its
+    # own close would wait 10 s (websockets' default) for it, the server long done with it.
     try:
-        async with websockets.connect(url, max_size=1 << 24) as ws:
+        async with websockets.connect(url, max_size=1 << 24, close_timeout=1.0) as ws:
             if kind == "garbage":
                 for msg in (
                     "x" * (9 << 20),
