@@ -20,7 +20,13 @@ CHUNK = 2400  # 100 ms at 24 kHz
 
 
 def connect(url: str) -> Any:
-    return AsyncOpenAI(api_key="x", base_url=f"{url}/v1").realtime.connect(model="qwen3-omni")
+    # A test leaves the server's later events unread; once its client's queue is full the
+    # client reads nothing more, not the server's close frame either, and its close would wait
+    # websockets' close_timeout (10 s) for it.
+    client = AsyncOpenAI(api_key="x", base_url=f"{url}/v1")
+    return client.realtime.connect(
+        model="qwen3-omni", websocket_connection_options={"close_timeout": 1.0}
+    )
 
 
 async def send_audio(conn: Any, pcm: np.ndarray, pace_s: float = 0.0) -> None:
