@@ -8,9 +8,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1
 
-# libgomp: torch's OpenMP runtime; libopus/libvpx/libsrtp come with the av and aiortc wheels.
+# The optional parts installed (pyproject.toml's extras). For stages on a Ray cluster and payloads
+# through Mooncake: docker build --build-arg EXTRAS=sip,aec,ray,mooncake -t realtime-omni .
+ARG EXTRAS=sip,aec
+
+# libgomp: torch's OpenMP runtime; libopus/libvpx/libsrtp come with the av and aiortc wheels;
+# libibverbs1 and libnuma1: what Mooncake's transfer engine links, when it is installed.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
+        $(case ",$EXTRAS," in *,mooncake,*) echo libibverbs1 libnuma1;; esac) \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
@@ -19,7 +25,7 @@ COPY realtime_omni ./realtime_omni
 COPY configs ./configs
 COPY web ./web
 # Editable: the package finds configs/ and its .cache/ (the tiny model) beside it in /app.
-RUN pip install -e ".[sip,aec]"
+RUN pip install -e ".[$EXTRAS]"
 
 # The tiny model is built here once, so a container starts without building it.
 RUN python -c "from realtime_omni.models.qwen3_omni.tiny import ensure_tiny; ensure_tiny(0)"
