@@ -14,9 +14,17 @@ from realtime_omni.pipeline.graph import Graph
 from realtime_omni.pipeline.messages import CLIENT
 from realtime_omni.pipeline.stage import Stage
 
+STEP_S = 0.01  # how far the clock moves per `step()`: about a tiny model's step on a CPU
+
 
 class InProcess:
+    """The stages' clocks (the thinker's decode pacing, code2wav's listeners) read a clock of
+    this object's own, which moves `STEP_S` per step and, when no stage has work, to the
+    earliest time a stage asked to be woken at: what runs in which step does not depend on how
+    fast this machine steps."""
+
     def __init__(self, config: dict[str, Any]) -> None:
+        self.now = 0.0
         cfg = parse_config(config)
         self.graph = Graph(cfg)
         self.stages: dict[str, Stage] = {}
@@ -40,7 +48,10 @@ class InProcess:
             max_batch=st.max_batch,
             max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
         )
-        return load_executor(st.executor, ctx)
+        executor = load_executor(st.executor, ctx)
+        if hasattr(executor, "clock"):
+            executor.clock = lambda: self.now
+        return executor
 
     def restart(self, name: str) -> None:
         """As a restarted stage process: a new executor, nothing of the old one kept."""
@@ -56,7 +67,19 @@ class InProcess:
         self.open.pop(rid, None)
 
     def step(self) -> None:
-        """One step of every stage that has work, in the config's order."""
+        """One step of every stage that has work, in the config's order; with none, the clock
+        goes to the earliest time a stage waits for."""
+        self.now += STEP_S
+        if not any(stage.executor.has_work() for stage in self.stages.values()):
+            waits = [
+                getattr(stage.executor, "wake_in", lambda: None)() for stage in self.stages.values()
+            ]
+            waits = [w for w in waits if w is not None]
+            if not waits and self.open:
+                raise AssertionError(
+                    f"stuck: no stage has work or waits for any, {sorted(self.open)}"
+                )
+            self.now += min(waits, default=0.0)
         for name, stage in self.stages.items():
             if not stage.executor.has_work():
                 continue
