@@ -80,6 +80,7 @@ async def idle(url: str, limit_s: float = 20.0) -> dict[str, Any]:
         )
         if done or time.monotonic() > deadline:
             return st
+        await asyncio.sleep(0.05)  # not a stats request back to back with the server it measures
 
 
 async def polite(url: str, speech: bytes, stop: float, out: dict[str, int]) -> None:
