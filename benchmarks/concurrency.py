@@ -12,7 +12,10 @@ per forward, the baseline) in the same run:
   over the duration of that audio (< 1: faster than real time);
 - first_audio_ms p50 and p99 over the streams;
 - worst_stall_ms: the most silence any stream's listener heard after its first audio, waiting
-  for the next chunk (a listener who starts playing at the first audio and keeps no reserve).
+  for the next chunk (a listener who starts playing at the first audio and keeps no reserve);
+- stages: per stage, its steps in the run and the shares of the run's wall time it spent
+  stepping and on a CPU (from the processes' step logs): where the cores went, and whether a
+  stage waited for one.
 
 N = 1 runs `ONE_STREAM_RUNS` requests one after another, so that the one-stream p50 the
 first-audio target divides by is a median, not one request's figure.
@@ -148,9 +151,30 @@ async def run(
                   file=sys.stderr, flush=True)  # fmt: skip
             t = time.monotonic()
             row = await measure(coord, name, n, max_tokens, stagger_s)
-            print(f" ({time.monotonic() - t:.0f} s)", file=sys.stderr, flush=True)
+            end = time.monotonic()
+            print(f" ({end - t:.0f} s)", file=sys.stderr, flush=True)
+            row["stages"] = stage_time(await coord.stats(), t, end)
             rows.append({"config": name, "batched": batched, **row})
     return rows
+
+
+def stage_time(stats: dict[str, Any], start: float, end: float) -> dict[str, dict[str, float]]:
+    """Per stage, over the steps begun in [start, end): their number, and the shares of the
+    wall time it spent stepping (`busy`) and on a CPU (`cpu`, the stepping thread's). A step
+    whose `cpu` falls short of its `busy` waited for a core: the two cores were oversubscribed.
+    (The simulated executors sleep through their steps, so their `cpu` is near 0.)"""
+    span = max(end - start, 1e-9)
+    out = {}
+    for st in stats.values():
+        for stage, log in st.steps.items():
+            cpu = st.step_cpu.get(stage, [0.0] * len(log))
+            took = [(wall, c) for (t, wall), c in zip(log, cpu, strict=True) if start <= t < end]
+            out[stage] = {
+                "steps": len(took),
+                "busy": sum(w for w, _ in took) / span,
+                "cpu": sum(c for _, c in took) / span,
+            }
+    return out
 
 
 def report(rows: list[dict[str, Any]]) -> None:
@@ -165,6 +189,14 @@ def report(rows: list[dict[str, Any]]) -> None:
             f"{r['first_audio_ms_p50']:>8.0f}ms {r['first_audio_ms_p99']:>8.0f}ms "
             f"{r['worst_stall_ms']:>6.0f}ms"
         )
+    print("stage time, as shares of each run's wall time: stepping / on a CPU (1% and over)")
+    for r in rows:
+        busiest = sorted(r["stages"].items(), key=lambda kv: -kv[1]["busy"])
+        shares = "  ".join(
+            f"{stage} {t['busy']:.2f}/{t['cpu']:.2f}" for stage, t in busiest if t["busy"] >= 0.01
+        )
+        kind = "batched" if r["batched"] else "max_batch 1"
+        print(f"  {r['config']} {kind} {r['streams']}: {shares}")
     by = {(r["config"], r["batched"], r["streams"]): r for r in rows}
     for (config, batched, n), r in by.items():
         base = by.get((config, False, n))

@@ -152,6 +152,9 @@ class Stats(_Message):
     gc_frozen: int = 0  # objects kept out of the cyclic collector's passes (made before start)
     batches: dict[str, list[int]] = msgspec.field(default_factory=dict)  # per step in `steps`:
     # the requests it emitted for (what a step served)
+    # Per step in `steps`, the CPU seconds of the thread that ran it (with one intra-op thread,
+    # the step's own): less than its duration by the time the process waited for a core.
+    step_cpu: dict[str, list[float]] = msgspec.field(default_factory=dict)
 
 
 class Shutdown(_Message):

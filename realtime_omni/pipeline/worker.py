@@ -39,7 +39,7 @@ from realtime_omni.pipeline.stage import Stage
 log = logging.getLogger(__name__)
 
 MAX_DRAIN = 1000  # messages read per loop turn before stepping the stages again
-STEP_LOG = 512  # executor steps remembered per stage (start, duration) for Stats
+STEP_LOG = 512  # executor steps remembered per stage (start, duration, CPU) for Stats
 CONTROL_WAIT_S = 0.05  # the control thread's longest wait on the inbox between checks
 ARGS_ENV = "RTO_WORKER_ARGS"  # how the coordinator passes WorkerArgs to a process it starts
 
@@ -163,6 +163,7 @@ class Worker:
         self.outbox: dict[str, dict[str, deque[_Out]]] = {}
         self.step_log: dict[str, deque[tuple[float, float]]] = {}  # recent steps, for Stats
         self.batch_log: dict[str, deque[int]] = {}  # requests each of those steps emitted for
+        self.cpu_log: dict[str, deque[float]] = {}  # CPU seconds each of those steps took
         self.routes: dict[str, dict[str, int]] = {}
         self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
         # Deliveries waiting for their stage. A held request takes nothing in, so its inputs
@@ -188,6 +189,7 @@ class Worker:
             self.inbound[name] = deque()
             self.step_log[name] = deque(maxlen=STEP_LOG)
             self.batch_log[name] = deque(maxlen=STEP_LOG)
+            self.cpu_log[name] = deque(maxlen=STEP_LOG)
             for e in self.graph.out_edges[name]:
                 dev = self.cfg.stages[e.dst].device if e.dst in self.cfg.stages else "cpu"
                 self.outlets[(e.src, e.dst)] = Outlet(
@@ -315,7 +317,7 @@ class Worker:
             st.begin_step()
         self._stepping.set()
         self._lock.release()
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.thread_time()
         try:
             emits, error = stage.executor.step(), None
         except Exception as e:
@@ -325,6 +327,7 @@ class Worker:
             self._stepping.clear()
             self.step_log[stage.name].append((start, time.monotonic() - start))
             self.batch_log[stage.name].append(len({e.request_id for e in emits}))
+            self.cpu_log[stage.name].append(time.thread_time() - cpu)
         for st in self.stages.values():
             if st is not stage:
                 st.end_step([], None)
@@ -610,6 +613,7 @@ class Worker:
             steps={n: list(log) for n, log in self.step_log.items()},
             gc_frozen=self.gc_frozen,
             batches={n: list(log) for n, log in self.batch_log.items()},
+            step_cpu={n: list(log) for n, log in self.cpu_log.items()},
         )
 
     def close(self) -> None:

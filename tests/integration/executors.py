@@ -80,3 +80,15 @@ class LaterExecutor(SimulatedExecutor):
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
         self.arrived.pop(request_id, None)
+
+
+class SpinExecutor(SimulatedExecutor):
+    """A simulated stage that, after each step's sleep, spins on the CPU as long again."""
+
+    def step(self) -> list[Emit]:
+        t = time.monotonic()
+        emits = super().step()
+        end = time.monotonic() + (time.monotonic() - t)
+        while time.monotonic() < end:
+            pass
+        return emits

@@ -317,6 +317,29 @@ def test_a_stage_is_stepped_when_its_executor_said_with_no_message_to_wake_it() 
     run(body())
 
 
+def test_the_step_log_tells_a_stage_on_a_cpu_from_one_waiting() -> None:
+    """`Stats.step_cpu`: a stage that spins half of each step took CPU for about half its step
+    time; one that sleeps through its steps took next to none."""
+    cfg = simulated_config(FAST)
+    cfg["stages"]["talker_ar"]["executor"] = "tests.integration.executors:SpinExecutor"
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            for _ in range(2):
+                check_complete(await (await coord.submit({"max_tokens": 6})).collect(), 6)
+            stats = await coord.stats()
+        share = {}
+        for st in stats.values():
+            for stage, log in st.steps.items():
+                assert len(st.step_cpu[stage]) == len(log)
+                wall = sum(d for _, d in log)
+                share[stage] = sum(st.step_cpu[stage]) / wall if wall else 0.0
+        assert 0.25 < share["talker_ar"] <= 1.0, share
+        assert share["thinker"] < 0.2 and share["code2wav"] < 0.2, share
+
+    run(body())
+
+
 def test_a_stage_that_cannot_start_is_named() -> None:
     cfg = simulated_config(FAST)
     cfg["stages"]["code2wav"]["executor"] = "tests.integration.executors:BrokenExecutor"

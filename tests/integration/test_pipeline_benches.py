@@ -79,12 +79,19 @@ def test_concurrency_benchmark_smoke(tmp_path: Path) -> None:
     assert set(rows) == {(True, 1), (True, 4), (False, 1), (False, 4)}
     for r in rows.values():
         assert set(r) == {"config", "batched", "streams", "frames_per_s", "worst_rtf",
-                          "first_audio_ms_p50", "first_audio_ms_p99", "worst_stall_ms"}  # fmt: skip
+                          "first_audio_ms_p50", "first_audio_ms_p99", "worst_stall_ms",
+                          "stages"}  # fmt: skip
         assert r["worst_stall_ms"] >= 0
+        # The stages' step logs over the run: every model stage stepped, none for longer than
+        # the run, and the simulated ones sleep through their steps (no CPU to speak of).
+        for stage in ("thinker", "talker_ar", "code2wav"):
+            t = r["stages"][stage]
+            assert t["steps"] > 0 and 0 < t["busy"] <= 1.05, (stage, t)
+            assert 0 <= t["cpu"] < t["busy"] / 2, (stage, t)
         assert r["config"] == "simulated" and r["frames_per_s"] > 0 and r["worst_rtf"] > 0
         assert 0 < r["first_audio_ms_p50"] <= r["first_audio_ms_p99"]
     assert rows[(True, 4)]["frames_per_s"] > rows[(False, 4)]["frames_per_s"]
-    assert "batched / max_batch 1 frames/s" in stdout
+    assert "batched / max_batch 1 frames/s" in stdout and "stage time" in stdout
 
 
 @pytest.mark.slow
