@@ -160,20 +160,19 @@ async def run(
 
 def stage_time(stats: dict[str, Any], start: float, end: float) -> dict[str, dict[str, float]]:
     """Per stage, over the steps begun in [start, end): their number, and the shares of the
-    wall time it spent stepping (`busy`) and on a CPU (`cpu`, the stepping thread's). A step
-    whose `cpu` falls short of its `busy` waited for a core: the two cores were oversubscribed.
-    (The simulated executors sleep through their steps, so their `cpu` is near 0.)"""
+    wall time it spent stepping (`busy`) and on a CPU (`cpu`, the stepping thread's), its
+    replicas' summed. A step whose `cpu` falls short of its `busy` waited for a core: the cores
+    were oversubscribed. (The simulated executors sleep through their steps: `cpu` near 0.)"""
     span = max(end - start, 1e-9)
-    out = {}
-    for st in stats.values():
+    out: dict[str, dict[str, float]] = {}
+    for st in stats.values():  # a stage's replicas add up
         for stage, log in st.steps.items():
             cpu = st.step_cpu.get(stage, [0.0] * len(log))
             took = [(wall, c) for (t, wall), c in zip(log, cpu, strict=True) if start <= t < end]
-            out[stage] = {
-                "steps": len(took),
-                "busy": sum(w for w, _ in took) / span,
-                "cpu": sum(c for _, c in took) / span,
-            }
+            acc = out.setdefault(stage, {"steps": 0, "busy": 0.0, "cpu": 0.0})
+            acc["steps"] += len(took)
+            acc["busy"] += sum(w for w, _ in took) / span
+            acc["cpu"] += sum(c for _, c in took) / span
     return out
 
 
