@@ -3,7 +3,8 @@
 Per session (histograms, milliseconds, observed as the sessions measure them): time to first
 audio, thinker token -> its audio leaving, barge-in -> silence, abort acknowledged. Per stage, read
 from the stage processes' own logs at each scrape: step time and batch size (histograms of the
-steps made since the previous scrape, of the last 512 a stage keeps), requests held; per edge,
+steps made since the previous scrape, of the last 512 a stage keeps) and the steps' CPU time (a
+counter: below the step time's sum when the stages wait for the cores), requests held; per edge,
 credits in use; per process, restarts; per transport, live sessions; WebRTC output frames sent
 and late. A stage that makes more than 512 steps between two scrapes loses the oldest from its
 histograms (scrape every few seconds).
@@ -39,6 +40,12 @@ class Exporter:
             "rto_stage_step_seconds", "One executor step", ["stage"], registry=r,
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
         )  # fmt: skip
+        self.step_cpu = Counter(
+            "rto_stage_step_cpu_seconds",
+            "CPU time of the executor steps (the stepping thread's); on a CPU stage, short of "
+            "rto_stage_step_seconds_sum by its waits for a core",
+            ["stage"], registry=r,
+        )  # fmt: skip
         self.batch = Histogram(
             "rto_stage_batch_size", "Requests one step served", ["stage"], registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
@@ -71,12 +78,15 @@ class Exporter:
         for process, st in stats.items():
             for stage, log in st.steps.items():
                 sizes = st.batches.get(stage, [])
+                cpu = st.step_cpu.get(stage, [])
                 last = self._seen.get((process, stage), float("-inf"))
                 for i, (start, seconds) in enumerate(log):
                     if start > last:
                         self.step.labels(stage).observe(seconds)
                         if i < len(sizes):
                             self.batch.labels(stage).observe(sizes[i])
+                        if i < len(cpu):
+                            self.step_cpu.labels(stage).inc(cpu[i])
                 if log:
                     self._seen[(process, stage)] = log[-1][0]
             for stage, n in st.active_requests.items():

@@ -128,6 +128,8 @@ def test_speech_in_audio_back_and_events(server: str, speech48: np.ndarray) -> N
             for stage in ("thinker", "talker_ar", "code2wav"):
                 assert metrics[f'rto_stage_step_seconds_count{{stage="{stage}"}}'] > 0
                 assert metrics[f'rto_stage_batch_size_count{{stage="{stage}"}}'] > 0
+                cpu = metrics[f'rto_stage_step_cpu_seconds_total{{stage="{stage}"}}']
+                assert 0 <= cpu <= metrics[f'rto_stage_step_seconds_sum{{stage="{stage}"}}']
             assert metrics['rto_sessions{transport="webrtc"}'] == 1
             assert 'rto_edge_slots_in_use{edge="thinker->talker_ar"}' in metrics
             assert metrics["rto_webrtc_frames_total"] > 0
