@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -160,6 +161,11 @@ class Coordinator:
         self._peer_up_waiting: dict[str, set[str]] = {}
         self._peer_up_done: dict[str, asyncio.Future[None]] = {}
         self._requests: dict[str, _Request] = {}
+        # The streams their callers still hold, ended requests' too: an abort of one that ended
+        # everywhere still gives back what its caller left unread (see `abort`).
+        self._streams: weakref.WeakValueDictionary[str, RequestStream] = (
+            weakref.WeakValueDictionary()
+        )
         self._down: set[str] = set()
         self._last_beat: dict[str, float] = {}
         self._stats_waiters: dict[int, tuple[set[str], dict[str, m.Stats], asyncio.Future]] = {}
@@ -399,6 +405,7 @@ class Coordinator:
         route = self._pick_route(payload.get("session_id"))
         req = _Request(rid, route, RequestStream(rid))
         self._requests[rid] = req
+        self._streams[rid] = req.stream
         for p in self._route_processes(route):
             self._active[p] = self._active.get(p, 0) + 1
         entry_proc = self._process_of(self.graph.entry, route)
@@ -458,9 +465,14 @@ class Coordinator:
 
     async def abort(self, request_id: str) -> None:
         """Abort a request in every stage; returns when all acknowledged (every slot it held
-        is free again). Aborting a request that already ended does nothing."""
+        is free again); its stream raises `RequestAborted`. A request that already ended in
+        every stage has nothing to stop, but outputs its caller left unread still hold credits
+        of the edges to the caller: its stream is closed, which gives them back."""
         req = self._requests.get(request_id)
         if req is None:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.close()
             return
         if req.abort_done is None:
             req.stream._finish(RequestAborted(f"request {request_id} was aborted"))

@@ -196,6 +196,27 @@ def test_abort_mid_stream_is_acknowledged_by_every_stage() -> None:
     run(body())
 
 
+def test_aborting_a_request_that_ended_with_outputs_unread_gives_their_credits_back() -> None:
+    """A consumer that reads part of an answer and then aborts it, when the answer had already
+    ended in every stage: the abort has nothing to stop, but the outputs left unread hold
+    credits of the edges to the caller (benchmarks/soak.py's caller, under load, left one
+    behind this way)."""
+
+    async def body() -> None:
+        async with Coordinator(parse_config(simulated_config(FAST))) as coord:
+            # Two tokens: their outputs fit in the shares of the edges to the caller, so the
+            # request ends in every stage with none of them read.
+            stream = await coord.submit({"max_tokens": 2})
+            await until(lambda: coord.in_flight == 0, "the request ended in every stage")
+            await stream.__anext__()
+            await coord.abort(stream.request_id)
+            await all_slots_free(coord)
+            with pytest.raises(StopAsyncIteration):  # the caller reads no more of it
+                await stream.__anext__()
+
+    run(body())
+
+
 def test_an_abort_is_acknowledged_while_a_long_step_runs() -> None:
     """The thinker's prefill takes 4 s; the abort must not wait for it to end."""
     cfg = simulated_config()
@@ -319,7 +340,8 @@ def test_a_stage_is_stepped_when_its_executor_said_with_no_message_to_wake_it() 
 
 def test_the_step_log_tells_a_stage_on_a_cpu_from_one_waiting() -> None:
     """`Stats.step_cpu`: a stage that spins half of each step took CPU for about half its step
-    time; one that sleeps through its steps took next to none."""
+    time; the thinker, which sleeps through its steps, took little (a simulated stage with
+    steps of a few milliseconds spends a fifth or more of them in Python: not those)."""
     cfg = simulated_config(FAST)
     cfg["stages"]["talker_ar"]["executor"] = "tests.integration.executors:SpinExecutor"
 
@@ -334,8 +356,7 @@ def test_the_step_log_tells_a_stage_on_a_cpu_from_one_waiting() -> None:
                 assert len(st.step_cpu[stage]) == len(log)
                 wall = sum(d for _, d in log)
                 share[stage] = sum(st.step_cpu[stage]) / wall if wall else 0.0
-        assert 0.25 < share["talker_ar"] <= 1.0, share
-        assert share["thinker"] < 0.2 and share["code2wav"] < 0.2, share
+        assert 0.25 < share["talker_ar"] <= 1.0 and share["thinker"] < 0.15, share
 
     run(body())
 
