@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import socket
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -34,3 +35,23 @@ def simulated_config(time_scale: float = 1.0, **runtime: Any) -> dict[str, Any]:
                 stage["params"][key] *= time_scale
     data.setdefault("runtime", {}).update(runtime)
     return data
+
+
+def free_port_block(n: int) -> int:
+    """A base port with n free ports after it, for configs with TCP inboxes (`runtime.base_port`):
+    the default, 47100, lies in Linux's ephemeral range, where a test's other connections (Ray's)
+    can hold a port of it. Best effort: nothing else should race us."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65000:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port block")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ import yaml
 from realtime_omni.errors import StageDied
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
-from tests.conftest import ROOT, run, simulated_config, timeout
+from tests.conftest import ROOT, free_port_block, run, simulated_config, timeout
 from tests.integration.test_pipeline import all_slots_free, check_complete
 
 FAST = 0.2
@@ -60,28 +59,10 @@ def test_replicas_share_the_load_and_a_request_stays_on_one() -> None:
     run(body())
 
 
-def _free_port_block(n: int) -> int:
-    """A base port with n free ports after it (best effort: nothing else should race us)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65000:
-            continue
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port block")
-
-
 def two_hosts(tmp_path, **runtime) -> tuple[dict, list[str]]:  # type: ignore[no-untyped-def]
     """The simulated graph with the talker on host box-b (127.0.0.1 here), and the command that
     starts it there."""
-    cfg = simulated_config(FAST, base_port=_free_port_block(10), **runtime)
+    cfg = simulated_config(FAST, base_port=free_port_block(10), **runtime)
     cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
     cfg["stages"]["talker_ar"]["host"] = "box-b"
     path = tmp_path / "two-hosts.yaml"
@@ -102,7 +83,7 @@ def curve_key(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_a_stage_on_another_host_runs_over_tcp(tmp_path, curve_key) -> None:
-    cfg = simulated_config(FAST, base_port=_free_port_block(10), heartbeat_timeout_s=1.0)
+    cfg = simulated_config(FAST, base_port=free_port_block(10), heartbeat_timeout_s=1.0)
     cfg["hosts"] = {"box-b": {"address": "127.0.0.1"}}
     cfg["stages"]["talker_ar"]["host"] = "box-b"
     path = tmp_path / "two-hosts.yaml"

@@ -20,7 +20,7 @@ import yaml
 from realtime_omni.errors import RequestError
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
-from tests.conftest import ROOT, run
+from tests.conftest import ROOT, free_port_block, run
 
 # Every node, the driver and the workers on 127.0.0.1: Ray otherwise resolves "127.0.0.1" to
 # the machine's outward address, where nothing of this cluster listens.
@@ -72,8 +72,9 @@ def ray_config(talkers: int = 1, **runtime: Any) -> Any:
     if talkers > 1:  # one per node that has a `talker`
         data["stages"]["talker_ar"] |= {"replicas": talkers, "resources": {"talker": 1}}
     data.setdefault("runtime", {}).update(
-        placement="ray", ready_timeout_s=60, heartbeat_timeout_s=30, **runtime
-    )
+        placement="ray", ready_timeout_s=60, heartbeat_timeout_s=30,
+        base_port=free_port_block(len(data["stages"]) + 4), **runtime,
+    )  # fmt: skip
     return parse_config(data)
 
 
