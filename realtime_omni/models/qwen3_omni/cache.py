@@ -1,196 +1,333 @@
-"""A KV cache for many requests at once: one row per request in fixed per-layer buffers.
+"""A KV cache for many requests at once: memory in fixed blocks from one pool, read per row.
 
-`SlotCache(layers, kv_heads, head_dim, rows)` holds K and V as `[rows, kv_heads, capacity,
-head_dim]` per layer. A request takes a row (`alloc`, the lowest free one, so the rows in use
-stay packed at the front) and gives it back (`free`); its tokens sit at columns `[0, len)`.
-Adding or removing a request copies nothing; the time axis doubles when a row outgrows it (one
-copy, amortised over the tokens that filled it).
+`BlockCache(layers, kv_heads, head_dim, rows, blocks, block_tokens)` holds K and V per layer as
+one pool of `blocks x block_tokens` token slots, `[slots, kv_heads, head_dim]`. A request takes
+a row (`alloc`, the lowest free one: rows are bookkeeping, a list of blocks and a length, and
+cost no memory) and gives it back (`free`). A row's tokens `[0, len)` live in its blocks in
+order; `reserve(row, total)` takes blocks from the pool until the row can hold `total` tokens,
+first asking `reclaim` (the kept sessions' least recently used) to give blocks back when the
+pool is empty, and says False when even that is not enough: the caller refuses that request.
+Memory held is the blocks in use, at most `block_tokens - 1` slots per row more than its
+tokens; on a CPU the pool is allocated with `torch.empty`, so pages never written are never
+committed either.
 
-A forward runs through a window of the cache, an object the transformers attention layers
-call `update(key, value, layer_idx)` on:
+A forward runs through a window of the cache, which the transformers attention layers call
+`update(key, value, layer_idx)` on, and which `block_attention` (the attention implementation
+registered as `rto_blocks`, set on the text config by `for_text_model`) reads back through the
+model's kwargs (`blocks=window`):
 
-- `decode(hi, active)`: one new token for each row in `[0, hi)`. Rows not in `active` (free,
-  held, or still prefilling) ride along with a dummy token: it is written at their current end,
-  where their next real token overwrites it, and they attend to column 0 only; their outputs are
-  thrown away. Every row reads its own history through a mask, so the K/V buffers are sliced,
-  never gathered.
-- `prefill(row, tokens)`: the next `tokens` prompt tokens of one row, causal over its history.
+- `decode(rows)`: one new token for each of `rows`, batch position i being row `rows[i]`; only
+  these rows are in the batch. The rows are grouped by length, the longest first, so that a
+  group's padded length times its rows is at most `PAD_RATIO` times the tokens it holds (or its
+  longest row is short, `PAD_FREE_TOKENS`): each group is one attention call over exactly its
+  rows' slots, so a step reads what the rows hold, not rows times the longest.
+- `prefill(row, tokens)`: the next `tokens` tokens of one row, causal over its history.
 
-`window.mask` is the attention mask to pass with the forward (None where the plain causal
-kernel already computes the same thing: one row, nothing hidden), and `commit()` after the
-forward advances the rows' lengths.
+GQA without repeated K/V: the query heads that share a K/V head are laid along the query axis
+(`[kv_heads, group x q_len, head_dim]`), so one attention call per K/V head reads its keys once.
+`commit()` after the forward advances the rows' lengths.
 
 Pure torch; no sockets, no model code.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+# A decode group's padded slots may exceed its rows' tokens by this factor...
+PAD_RATIO = 1.25
+# ...unless its longest row holds at most this many tokens (a few KiB per layer: cheaper to pad
+# than to make another attention call).
+PAD_FREE_TOKENS = 256
+BLOCK_TOKENS = 16
 
 
-class SlotCache:
+class BlockCache:
     def __init__(
         self,
         layers: int,
         kv_heads: int,
         head_dim: int,
         rows: int,
+        blocks: int,
         dtype: torch.dtype,
         device: torch.device | str,
-        capacity: int = 256,
-        sdpa: bool = True,
+        block_tokens: int = BLOCK_TOKENS,
     ) -> None:
+        if blocks < 1 or block_tokens < 1:
+            raise ValueError(f"a KV pool needs blocks >= 1 and block_tokens >= 1 (got {blocks})")
         self.rows = rows
-        self.capacity = capacity
-        self.sdpa = sdpa  # bool masks for SDPA, additive float masks for eager attention
-        shape = (rows, kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.blocks = blocks
+        self.block_tokens = block_tokens
+        self.layers = layers
+        slots = blocks * block_tokens
+        self.k = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device)]
+        self.v = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device)]
+        for _ in range(layers - 1):
+            self.k.append(torch.empty_like(self.k[0]))
+            self.v.append(torch.empty_like(self.v[0]))
+        self.bytes_per_token = 2 * layers * kv_heads * head_dim * self.k[0].element_size()
         self.lens = [0] * rows
-        self._free = list(range(rows))
+        self.table: list[list[int]] = [[] for _ in range(rows)]  # each row's blocks, in order
+        self._slots: list[torch.Tensor] = [self._no_slots() for _ in range(rows)]
+        self._free_rows = list(range(rows))
+        self._free_blocks = list(range(blocks - 1, -1, -1))  # a stack: the lowest first
+        self.reclaim: Callable[[], bool] | None = None  # frees some blocks; False: none left
 
     @classmethod
     def for_text_model(
-        cls, config: Any, rows: int, dtype: torch.dtype, device: torch.device | str
-    ) -> SlotCache:
-        """A cache shaped for a transformers decoder with `config` (its text config)."""
-        head_dim = getattr(config, "head_dim", None)
-        return cls(
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            head_dim or config.hidden_size // config.num_attention_heads,
-            rows,
-            dtype,
-            device,
-            sdpa=config._attn_implementation == "sdpa",
-        )
+        cls, config: Any, rows: int, blocks: int, dtype: torch.dtype, device: torch.device | str
+    ) -> BlockCache:
+        """A cache shaped for a transformers decoder with `config` (its text config), whose
+        attention is switched to `block_attention`."""
+        config._attn_implementation = "rto_blocks"
+        return cls(config.num_hidden_layers, *text_kv_shape(config), rows, blocks, dtype, device)
 
-    # ---- rows ------------------------------------------------------------------------------
+    # ---- rows and blocks -------------------------------------------------------------------
 
     def alloc(self) -> int:
-        """A free row, emptied; IndexError when all `rows` are taken."""
-        if not self._free:
+        """A free row, empty; IndexError when all `rows` are taken."""
+        if not self._free_rows:
             raise IndexError("every cache row is taken")
-        self._free.sort()
-        row = self._free.pop(0)
-        self.lens[row] = 0
-        return row
+        self._free_rows.sort()
+        return self._free_rows.pop(0)
 
     def free(self, row: int) -> None:
-        self.lens[row] = 0
-        self._free.append(row)
+        self.truncate(row, 0)
+        self._free_rows.append(row)
 
     def in_use(self) -> int:
-        return self.rows - len(self._free)
+        return self.rows - len(self._free_rows)
 
-    def span(self) -> int:
-        """One past the highest row in use: what a decode window must cover."""
-        used = set(range(self.rows)) - set(self._free)
-        return max(used) + 1 if used else 0
+    def blocks_in_use(self) -> int:
+        return self.blocks - len(self._free_blocks)
+
+    def reserve(self, row: int, total: int) -> bool:
+        """Blocks for `row` to hold `total` tokens; False (nothing taken) if the pool, after
+        `reclaim`, cannot give them."""
+        need = math.ceil(total / self.block_tokens) - len(self.table[row])
+        while need > len(self._free_blocks):
+            if self.reclaim is None or not self.reclaim():
+                return False
+        if need > 0:
+            new = [self._free_blocks.pop() for _ in range(need)]
+            self.table[row] += new
+            self._slots[row] = torch.cat([self._slots[row], self._block_slots(new)])
+        return True
+
+    def truncate(self, row: int, tokens: int) -> None:
+        """Cut `row` to its first `tokens` tokens, giving back the blocks it no longer needs."""
+        keep = math.ceil(tokens / self.block_tokens)
+        self._free_blocks += reversed(self.table[row][keep:])
+        self.table[row] = self.table[row][:keep]
+        self._slots[row] = self._slots[row][: keep * self.block_tokens]
+        self.lens[row] = min(self.lens[row], tokens)
+
+    def bytes_held(self) -> int:
+        return self.blocks_in_use() * self.block_tokens * self.bytes_per_token
+
+    def _block_slots(self, blocks: list[int]) -> torch.Tensor:
+        base = torch.tensor(blocks, dtype=torch.long, device=self.k[0].device)
+        offsets = torch.arange(self.block_tokens, device=base.device)
+        return (base[:, None] * self.block_tokens + offsets).flatten()
+
+    def _no_slots(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.long, device=self.k[0].device)
 
     # ---- windows ---------------------------------------------------------------------------
 
-    def decode(self, hi: int, active: list[int]) -> _Window:
-        lens = [self.lens[r] for r in range(hi)]
-        self._reserve(max(lens) + 1)
-        total = max(lens) + 1
-        device = self.k[0].device
-        starts = torch.tensor(lens, device=device)
-        mask: torch.Tensor | None = None
-        if hi > 1 or active != [0]:
-            cols = torch.arange(total, device=device)
-            allowed = cols[None, :] <= starts[:, None]
-            dummy = [r for r in range(hi) if r not in set(active)]
-            if dummy:
-                allowed[dummy] = cols[None, :] == 0
-            mask = self._mask(allowed[:, None, None, :])
-        return _Window(self, slice(0, hi), starts, 1, total, mask, {r: 1 for r in active})
+    def decode(self, rows: list[int]) -> _Window:
+        """One token for each of `rows` (each `reserve`d for its length + 1)."""
+        totals = [self.lens[r] + 1 for r in rows]
+        write = torch.stack([self._slots[r][self.lens[r]] for r in rows])
+        order = sorted(range(len(rows)), key=lambda i: -totals[i])
+        groups: list[_Group] = []
+        i = 0
+        while i < len(order):
+            longest = totals[order[i]]
+            j = i + 1
+            held = longest
+            while j < len(order):
+                t = totals[order[j]]
+                if longest > PAD_FREE_TOKENS and longest * (j - i + 1) > PAD_RATIO * (held + t):
+                    break
+                held += t
+                j += 1
+            members = sorted(order[i:j])  # in batch order: one group of all is the batch as is
+            groups.append(self._group([(b, rows[b], totals[b]) for b in members], longest))
+            i = j
+        return _Window(self, write, groups, None, {r: 1 for r in rows})
 
     def prefill(self, row: int, tokens: int) -> _Window:
+        """The next `tokens` tokens of `row` (`reserve`d for them)."""
         start = self.lens[row]
         total = start + tokens
-        self._reserve(total)
+        slots = self._slots[row]
+        causal = None
+        if start or tokens > 1:
+            q = torch.arange(tokens, device=slots.device)[:, None] + start
+            causal = torch.arange(total, device=slots.device)[None, :] <= q
+        group = _Group(torch.zeros(1, dtype=torch.long), slots[None, :total], None, total)
+        return _Window(self, slots[start:total], [group], causal, {row: tokens})
+
+    def _group(self, members: list[tuple[int, int, int]], longest: int) -> _Group:
+        """Batch positions, rows and token counts of one decode group, padded to `longest`."""
+        device = self.k[0].device
+        index = torch.zeros(len(members), longest, dtype=torch.long, device=device)
         mask = None
-        if start:  # causal with an offset: the plain kernel's mask is anchored at column 0
-            device = self.k[0].device
-            q = torch.arange(tokens, device=device)[:, None] + start
-            allowed = torch.arange(total, device=device)[None, :] <= q
-            mask = self._mask(allowed[None, None])
-        return _Window(self, slice(row, row + 1), start, tokens, total, mask, {row: tokens})
+        if any(t != longest for _, _, t in members):
+            counts = torch.tensor([t for _, _, t in members], device=device)
+            mask = (torch.arange(longest, device=device)[None, :] < counts[:, None])[:, None, None]
+        for i, (_, row, t) in enumerate(members):
+            slots = self._slots[row]
+            index[i, :t] = slots[:t]
+            index[i, t:] = slots[0]  # padding reads a written slot (never garbage: NaN * 0)
+        batch = torch.tensor([b for b, _, _ in members], dtype=torch.long, device=device)
+        return _Group(batch, index, mask, longest)
 
-    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        if self.sdpa:
-            return allowed
-        neg = torch.finfo(self.k[0].dtype).min
-        zero = torch.zeros((), dtype=self.k[0].dtype, device=allowed.device)
-        return torch.where(allowed, zero, neg)
 
-    def _reserve(self, total: int) -> None:
-        if total <= self.capacity:
-            return
-        cap = self.capacity
-        while cap < total:
-            cap *= 2
-        for buffers in (self.k, self.v):
-            for i, old in enumerate(buffers):
-                new = old.new_zeros((*old.shape[:2], cap, old.shape[3]))
-                new[:, :, : self.capacity] = old
-                buffers[i] = new
-        self.capacity = cap
+def text_kv_shape(config: Any) -> tuple[int, int]:
+    """(kv_heads, head_dim) of a transformers text config."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(config.num_key_value_heads), int(head_dim)
+
+
+class _Group:
+    """Rows one attention call reads: their batch positions, their slots `[n, longest]`, and
+    which of those are theirs (None: all)."""
+
+    def __init__(
+        self, batch: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None, longest: int
+    ) -> None:
+        self.batch = batch
+        self.index = index
+        self.mask = mask
+        self.longest = longest
 
 
 class _Window:
-    """The part of a SlotCache one forward reads and writes (see the module docstring)."""
+    """The part of a BlockCache one forward reads and writes (see the module docstring)."""
 
     def __init__(
         self,
-        cache: SlotCache,
-        rows: slice,
-        starts: torch.Tensor | int,
-        tokens: int,
-        total: int,
-        mask: torch.Tensor | None,
+        cache: BlockCache,
+        write: torch.Tensor,
+        groups: list[_Group],
+        causal: torch.Tensor | None,
         advance: dict[int, int],
     ) -> None:
         self.cache = cache
-        self.rows = rows
-        self.starts = starts
-        self.tokens = tokens
-        self.total = total
-        self.mask = mask
+        self.write = write  # the new tokens' slots, in batch (decode) or token (prefill) order
+        self.groups = groups
+        self.causal = causal  # prefill: [tokens, total] which keys each query sees
         self.advance = advance
-        if isinstance(starts, torch.Tensor):
-            self._index = torch.arange(rows.start, rows.stop, device=starts.device)
+
+    def slots_read(self) -> int:
+        """Token slots one layer's attention reads (padding included)."""
+        return sum(int(g.index.numel()) for g in self.groups)
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' K/V ([b, kv_heads, t, head_dim]) into their slots."""
         k, v = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        if isinstance(self.starts, torch.Tensor):  # decode: one token per row, at its end
-            k[self._index, :, self.starts] = key[:, :, 0]
-            v[self._index, :, self.starts] = value[:, :, 0]
-        else:
-            end = self.starts + self.tokens
-            k[self.rows, :, self.starts : end] = key
-            v[self.rows, :, self.starts : end] = value
-        return k[self.rows, :, : self.total], v[self.rows, :, : self.total]
+        # decode: batch b, one token each; prefill: one row, t tokens.
+        k[self.write] = key.transpose(1, 2).flatten(0, 1)
+        v[self.write] = value.transpose(1, 2).flatten(0, 1)
+        return key, value
 
-    # What transformers' mask builder asks of a cache when no mask is passed (one row).
-    is_compileable = False
-
-    def get_query_offset(self, layer_idx: int = 0) -> int:
-        return int(self.starts) if not isinstance(self.starts, torch.Tensor) else self.total - 1
-
-    def get_mask_sizes(self, q_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.total, 0
+    def attend(
+        self, query: torch.Tensor, layer_idx: int, scaling: float | None
+    ) -> torch.Tensor:
+        """Attention of `query` [b, heads, q_len, head_dim] over each row's own slots, as
+        [b, q_len, heads, head_dim]."""
+        k, v = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        b, heads, q_len, dim = query.shape
+        kv_heads = k.shape[1]
+        group = heads // kv_heads
+        out = query.new_empty(b, heads, q_len, dim)
+        for g in self.groups:
+            n = g.index.shape[0]
+            keys = k[g.index].permute(0, 2, 1, 3)  # [n, kv_heads, longest, dim]
+            values = v[g.index].permute(0, 2, 1, 3)
+            q = query if len(self.groups) == 1 and n == b else query[g.batch]
+            # [n, kv_heads, group x q_len, dim]: the heads of one K/V head along the query axis
+            q = q.reshape(n, kv_heads, group * q_len, dim)
+            mask = g.mask
+            if self.causal is not None:
+                mask = self.causal.repeat(group, 1)[None, None]
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
+            o = o.reshape(n, heads, q_len, dim)
+            if len(self.groups) == 1 and n == b:
+                out = o
+            else:
+                out[g.batch] = o
+        return out.transpose(1, 2)
 
     def commit(self) -> None:
         for row, n in self.advance.items():
             self.cache.lens[row] += n
+
+
+def block_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    blocks: _Window | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface over a `_Window` passed to the forward as
+    `blocks=window` (its `update` already wrote `key` and `value`)."""
+    if blocks is None:
+        raise ValueError("rto_blocks attention needs the cache window: forward(..., blocks=w)")
+    return blocks.attend(query, module.layer_idx, scaling), None  # type: ignore[arg-type]
+
+
+AttentionInterface.register("rto_blocks", block_attention)
+
+
+def pool_blocks(
+    params: dict[str, Any],
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    stage: str,
+) -> int:
+    """The size of a stage's KV pool in blocks, from its params: `kv_cache_tokens`, else
+    `kv_cache_gib`, else on CUDA `kv_cache_memory_fraction` (default 0.85) of the memory free
+    once the weights are loaded, and on a CPU 1 GiB (`DEFAULT_CPU_GIB`)."""
+    kv_heads, head_dim = text_kv_shape(config)
+    per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * dtype.itemsize
+    per_block = per_token * BLOCK_TOKENS
+    if "kv_cache_tokens" in params:
+        tokens = int(params["kv_cache_tokens"])
+        if tokens < BLOCK_TOKENS:
+            raise ValueError(f"{stage}: kv_cache_tokens = {tokens}; at least {BLOCK_TOKENS}")
+        return tokens // BLOCK_TOKENS
+    if "kv_cache_gib" in params:
+        nbytes = float(params["kv_cache_gib"]) * 2**30
+    elif device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        nbytes = free * float(params.get("kv_cache_memory_fraction", 0.85))
+    else:
+        nbytes = DEFAULT_CPU_GIB * 2**30
+    blocks = int(nbytes // per_block)
+    if blocks < 1:
+        raise ValueError(f"{stage}: a KV pool of {nbytes:.0f} bytes holds no block of {per_block}")
+    return blocks
+
+
+DEFAULT_CPU_GIB = 1.0
 
 
 class KeptSessions:
@@ -201,14 +338,17 @@ class KeptSessions:
     inputs)` gives a new turn the longest common prefix of those and its own inputs, compared
     row by row (at least one input is left to compute, for the logits): the row, with its length
     cut to that prefix, how many inputs it covers, and `extra`; or nothing to reuse, with the
-    row given back. Least recently used first out, within `max_tokens` input rows in all and
-    whatever rows running requests need (`evict_oldest`).
+    row given back. Least recently used first out, within `max_tokens` input rows in all, the
+    rows running requests need (`make_room`), and the blocks they need (the cache's `reclaim`).
+    `evictions` counts the sessions given up for room.
     """
 
-    def __init__(self, cache: SlotCache, max_tokens: int) -> None:
+    def __init__(self, cache: BlockCache, max_tokens: int) -> None:
         self.cache = cache
         self.max_tokens = max_tokens
+        self.evictions = 0
         self._kept: OrderedDict[str, tuple[int, torch.Tensor, Any]] = OrderedDict()
+        cache.reclaim = self.evict_oldest
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -222,6 +362,7 @@ class KeptSessions:
     def keep(self, session: str, row: int, inputs: torch.Tensor, extra: Any = None) -> None:
         if session in self._kept:  # an older turn of it
             self.cache.free(self._kept.pop(session)[0])
+        self.cache.truncate(row, self.cache.lens[row])  # blocks reserved ahead go back
         self._kept[session] = (row, inputs, extra)
         while self._kept and sum(len(k[1]) for k in self._kept.values()) > self.max_tokens:
             self.evict_oldest()
@@ -237,7 +378,7 @@ class KeptSessions:
         if not shared:
             self.cache.free(row)
             return None, 0, None
-        self.cache.lens[row] = shared
+        self.cache.truncate(row, shared)
         return row, shared, extra
 
     def row_available(self) -> bool:
@@ -255,4 +396,5 @@ class KeptSessions:
         if not self._kept:
             return False
         self.cache.free(self._kept.popitem(last=False)[1][0])
+        self.evictions += 1
         return True

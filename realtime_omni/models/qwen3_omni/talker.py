@@ -18,7 +18,7 @@ Outputs: `{codes [16] int64, index, token_time}` per frame, `token_time` being t
 thinker token whose text step made the frame (the last token's for frames after the text).
 
 Batching: a step makes a frame for every ready request together (up to the stage's
-`max_batch`): new requests' prompts are prefilled one by one into their `SlotCache` rows, then
+`max_batch`): new requests' prompts are prefilled one by one into their `BlockCache` rows, then
 one talker forward serves every other ready row, and the code predictor's 15 steps run once for
 the whole batch (its inner loop has the same length for everyone, so a fixed-shape cache of
 the batch's width fits: `code_predictor.py`). Sampling stays per request with its own
@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
+from realtime_omni.models.qwen3_omni.cache import BlockCache, KeptSessions, pool_blocks
 from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import BatchPicker, Sampler, checkpoint_defaults
@@ -79,7 +79,7 @@ class _Request:
     thinker_done: bool = False
     last_time: float = 0.0
     session: str | None = None
-    row: int | None = None  # its SlotCache row, once its prompt is prefilled
+    row: int | None = None  # its BlockCache row, once its prompt is prefilled
     prompt: torch.Tensor | None = None  # [L, D] its prompt's input rows (for a session to keep)
     next_pos: torch.Tensor | None = None
     code0s: list[int] = field(default_factory=list)
@@ -124,15 +124,16 @@ class TalkerExecutor(HoldsRequests):
         self.default_penalty = float(default("repetition_penalty"))
         tcfg = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tcfg.audio_token_id, tcfg.image_token_id, tcfg.video_token_id])
-        self.cache = SlotCache.for_text_model(
-            self.model.model.config, ctx.max_batch, dtype, self.device
-        )
+        text = self.model.model.config
+        blocks = pool_blocks(p, text, dtype, self.device, ctx.stage)
+        self.cache = BlockCache.for_text_model(text, ctx.max_batch, blocks, dtype, self.device)
         self.max_batch = ctx.max_batch
         # Per cache row, the codes 0 its answer has made so far (the repetition penalty's).
         self.seen = torch.zeros(ctx.max_batch, vocab, dtype=torch.bool, device=self.device)
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
         self.reqs: dict[str, _Request] = {}
+        self.refused: dict[str, str] = {}  # requests the KV pool could not take, and why
 
     # ---- executor contract ---------------------------------------------------------------
 
@@ -187,6 +188,8 @@ class TalkerExecutor(HoldsRequests):
 
     def has_work(self) -> bool:
         """Some request is ready and has a cache row, or could take a free one."""
+        if self.refused:
+            return True
         free = self.sessions.row_available()
         return any(
             self._ready(r) and (r.row is not None or free or not r.tokens)
@@ -194,7 +197,11 @@ class TalkerExecutor(HoldsRequests):
         )
 
     def step(self) -> list[Emit]:
-        """One frame for every request whose next text step is available."""
+        """One frame for every request whose next text step is available. A request the KV
+        pool had no blocks for is failed in the next step, before any forward."""
+        if self.refused:
+            rid, why = self.refused.popitem()
+            raise ExecutorError(rid, why)
         emits: list[Emit] = []
         ready = [rid for rid, r in self.running().items() if self._ready(r)][: self.max_batch]
         picked: list[tuple[str, torch.Tensor, float]] = []  # (rid, code 0 logits, token_time)
@@ -211,6 +218,9 @@ class TalkerExecutor(HoldsRequests):
                     r.tokens.appendleft(tok)
                 embeds, pos = self._prefill_inputs(r, tok)
                 shared = self._continue_session(r, embeds[0])
+                if not self.cache.reserve(r.row, embeds.shape[1]):  # type: ignore[arg-type]
+                    self._refuse(rid)
+                    continue
                 budget -= embeds.shape[1] - shared
                 window = self.cache.prefill(r.row, embeds.shape[1] - shared)  # type: ignore[arg-type]
                 out = self._forward(embeds[:, shared:], pos[..., shared:], window)
@@ -219,6 +229,11 @@ class TalkerExecutor(HoldsRequests):
                 hidden.append(out.hidden_states[0][-1][:, -1:])
         decoding = [rid for rid in ready if rid in self.reqs and self.reqs[rid].row is not None]
         decoding = [rid for rid in decoding if rid not in {p[0] for p in picked}]
+        for rid in decoding:
+            row = self.reqs[rid].row
+            if not self.cache.reserve(row, self.cache.lens[row] + 1):  # type: ignore[arg-type,index]
+                self._refuse(rid)
+        decoding = [rid for rid in decoding if rid in self.reqs]
         if decoding:
             for rid, logits, h, t in self._decode(decoding):
                 picked.append((rid, logits, t))
@@ -252,6 +267,18 @@ class TalkerExecutor(HoldsRequests):
             return
         self.sessions.keep(r.session, r.row, r.prompt)
 
+    def _refuse(self, rid: str) -> None:
+        """Drop a request the KV pool cannot hold, even with every kept session evicted."""
+        r = self.reqs.pop(rid)
+        if r.row is not None:
+            self.cache.free(r.row)
+        c = self.cache
+        self.refused[rid] = (
+            f"talker: KV cache full ({c.blocks_in_use()} of {c.blocks} blocks of "
+            f"{c.block_tokens} tokens held by running requests); raise the stage's "
+            "kv_cache_tokens or kv_cache_gib, or lower max_batch"
+        )
+
     def _continue_session(self, r: _Request, prompt: torch.Tensor) -> int:
         """Give `r` a cache row: its session's kept one, holding the longest common prefix of
         the two prompts' input rows (at least one row is left to compute), or a fresh one."""
@@ -274,23 +301,18 @@ class TalkerExecutor(HoldsRequests):
 
     def _decode(self, rids: list[str]) -> list[tuple[str, torch.Tensor, torch.Tensor, float]]:
         """One talker forward for the rows of `rids`: (rid, logits, last hidden, token_time)."""
-        hi = self.cache.span()
         reqs = [self.reqs[rid] for rid in rids]
         toks = [r.tokens.popleft() if r.tokens else None for r in reqs]
         x = self._step_inputs(reqs, toks)
         rows = [r.row for r in reqs]
-        embeds = torch.zeros(hi, 1, x.shape[-1], dtype=x.dtype, device=self.device)
-        pos = torch.zeros(4, hi, 1, dtype=torch.long, device=self.device)
-        for i, r in enumerate(reqs):
-            embeds[r.row] = x[i]
-            pos[:, r.row] = r.next_pos[:, 0]  # type: ignore[index]
-        out = self._forward(embeds, pos, self.cache.decode(hi, rows))  # type: ignore[arg-type]
+        pos = torch.cat([r.next_pos for r in reqs], dim=1)  # type: ignore[misc]
+        out = self._forward(x, pos, self.cache.decode(rows))  # type: ignore[arg-type]
         last = out.hidden_states[0][-1]
         result = []
-        for rid, r, tok in zip(rids, reqs, toks, strict=True):
+        for i, (rid, r, tok) in enumerate(zip(rids, reqs, toks, strict=True)):
             r.next_pos = r.next_pos + 1  # type: ignore[operator]
             token_time = tok.token_time if tok else r.last_time
-            result.append((rid, out.logits[r.row, -1], last[r.row : r.row + 1, -1:], token_time))
+            result.append((rid, out.logits[i, -1], last[i : i + 1, -1:], token_time))
         return result
 
     def _prefill_inputs(self, r: _Request, tok: _Token) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,12 +361,12 @@ class TalkerExecutor(HoldsRequests):
         return x + torch.cat(extra)
 
     def _forward(self, x: torch.Tensor, pos: torch.Tensor, window: Any) -> Any:
-        """One talker forward of inputs `x` at `pos` through a SlotCache window."""
+        """One talker forward of inputs `x` at `pos` through a BlockCache window."""
         out = self.model(
             inputs_embeds=x,
             position_ids=pos,
-            attention_mask=window.mask,
             cache=window,
+            blocks=window,
             use_cache=True,
             output_hidden_states=True,
             generation_step=0,  # read (only to count on) when x has one row

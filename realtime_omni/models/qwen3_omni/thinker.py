@@ -19,11 +19,14 @@ work for it); nor does a request with tools (`tool_calls`) from its `<tool_call>
 client, not said. Its tags go to decode marked `keep`, to stay in the text.
 
 Batching: one step decodes a token for every running request in one forward (up to the stage's
-`max_batch`), each request in its own row of a `SlotCache` with its own 3-D rope positions and
+`max_batch`), each request in its own row of a `BlockCache` with its own 3-D rope positions and
 sampler, and then prefills new prompts in chunks of at most `max_prefill_tokens_per_step`
 tokens: a new turn delays the others' next token by one chunk's forward per step, not by its
 whole prompt. A request whose prefill ends in a step emits its first token in that step.
-Requests beyond `max_batch` wait for a row. Per-request state (row, positions, sampler) lives in
+Requests beyond `max_batch` wait for a row. KV memory comes in blocks from one pool
+(`cache.py`; its size `params.kv_cache_tokens` or `kv_cache_gib`, by default a share of the GPU
+memory free after loading, or 1 GiB on a CPU): a request that cannot get the blocks it needs,
+with every kept session evicted, fails with an error that says so. Per-request state (row, positions, sampler) lives in
 `_Request`; the module's own `rope_deltas` is never read or written. With
 `params.decode_interval_ms` (default 0: off; 20 in configs/tiny.yaml), decode steps come at
 most that often while every running request speaks and is past its first two tokens and no
@@ -37,8 +40,9 @@ the longest common prefix of those inputs and its own prompt, compared as input 
 replaced audio clip of the same length is not taken for the old one): a new user turn after the
 answer as generated, or, after a barge-in, after the answer cut where it was heard. Anything else
 (another history, a deleted item) shares a shorter prefix, down to none: a full prefill, with the
-same result. Kept sessions are bounded by `params.session_cache_tokens` (default 65,536) and by
-the cache rows, which running requests take first; the least recently used goes first.
+same result. Kept sessions are bounded by `params.session_cache_tokens` (default 65,536), by the
+cache rows and by the pool's blocks, which running requests take first; the least recently used
+goes first.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from typing import Any
 
 import torch
 
-from realtime_omni.models.qwen3_omni.cache import KeptSessions, SlotCache
+from realtime_omni.models.qwen3_omni.cache import BlockCache, KeptSessions, pool_blocks
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import (
     Sampler,
@@ -80,7 +84,7 @@ class _Request:
     session: str | None = None
     text_only: bool = False  # a text answer (or one now writing a function call): no speech
     tool_calls: bool = False  # tools were given: <tool_call> means a call
-    row: int | None = None  # its SlotCache row, from the start of its prefill to its end
+    row: int | None = None  # its BlockCache row, from the start of its prefill to its end
     embeds: torch.Tensor | None = None  # [L, D] the prompt's input embeddings, while prefilling
     pos: torch.Tensor | None = None  # [4, 1, L] its positions, while prefilling
     prefilled: int = 0  # prompt tokens in the cache
@@ -135,8 +139,10 @@ class ThinkerExecutor(HoldsRequests):
         tc = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tc.audio_token_id, tc.image_token_id, tc.video_token_id])
         self.lm = self.model.model.language_model
-        self.cache = SlotCache.for_text_model(
-            self.lm.config, ctx.max_batch, self.embed.weight.dtype, self.device
+        dtype = self.embed.weight.dtype
+        blocks = pool_blocks(p, self.lm.config, dtype, self.device, ctx.stage)
+        self.cache = BlockCache.for_text_model(
+            self.lm.config, ctx.max_batch, blocks, dtype, self.device
         )
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
@@ -146,6 +152,7 @@ class ThinkerExecutor(HoldsRequests):
         self.clock = time.monotonic
         self.last_decode = float("-inf")  # when the last decode step began (`clock`)
         self.reqs: dict[str, _Request] = {}
+        self.refused: dict[str, str] = {}  # requests the KV pool could not take, and why
 
     # ---- executor contract ---------------------------------------------------------------
 
@@ -187,6 +194,8 @@ class ThinkerExecutor(HoldsRequests):
     def has_work(self) -> bool:
         """Some running request decodes or prefills; one waiting for a cache row while every
         row is held makes no work (the loop must not spin on it)."""
+        if self.refused:
+            return True
         running = self.running()
         due = self._paced_until(running)
         if due is not None and self.clock() < due:
@@ -200,9 +209,19 @@ class ThinkerExecutor(HoldsRequests):
         return None if due is None else max(0.0, due - self.clock())
 
     def step(self) -> list[Emit]:
-        """Decode one token of every running request together, then prefill new prompts."""
+        """Decode one token of every running request together, then prefill new prompts.
+        A request the KV pool had no blocks for is failed in the next step, before any forward
+        (raising mid-step would lose the step's tokens of the others)."""
+        if self.refused:
+            rid, why = self.refused.popitem()
+            raise ExecutorError(rid, why)
         running = self.running()
         decoding = [rid for rid, r in running.items() if r.decoding]
+        for rid in decoding:
+            row = running[rid].row
+            if not self.cache.reserve(row, self.cache.lens[row] + 1):
+                self._refuse(rid)
+        decoding = [rid for rid in decoding if rid in self.reqs]
         if decoding:
             self.last_decode = self.clock()  # its start: a token every interval, however long
         emits = self._decode(decoding) if decoding else []
@@ -216,9 +235,24 @@ class ThinkerExecutor(HoldsRequests):
                 self._start_prefill(r)
             assert r.embeds is not None
             n = min(budget, r.embeds.shape[0] - r.prefilled)
+            if not self.cache.reserve(r.row, r.prefilled + n):  # type: ignore[arg-type]
+                self._refuse(rid)
+                continue
             budget -= n
             emits += self._prefill_chunk(rid, r, n)
         return emits
+
+    def _refuse(self, rid: str) -> None:
+        """Drop a request the KV pool cannot hold, even with every kept session evicted."""
+        r = self.reqs.pop(rid)
+        if r.row is not None:
+            self.cache.free(r.row)
+        c = self.cache
+        self.refused[rid] = (
+            f"thinker: KV cache full ({c.blocks_in_use()} of {c.blocks} blocks of "
+            f"{c.block_tokens} tokens held by running requests); raise the stage's "
+            "kv_cache_tokens or kv_cache_gib, or lower max_batch"
+        )
 
     def abort(self, request_id: str) -> None:
         """Drop the request; a session's turn leaves its cache row for the next turn."""
@@ -289,8 +323,8 @@ class ThinkerExecutor(HoldsRequests):
         out = self.lm(
             inputs_embeds=r.embeds[None, a:b],
             position_ids=r.pos[..., a:b],
-            attention_mask=window.mask,
             cache=window,
+            blocks=window,
             use_cache=True,
             visual_pos_masks=visual,
             deepstack_visual_embeds=deepstack,
@@ -319,26 +353,22 @@ class ThinkerExecutor(HoldsRequests):
         return self._take(rid, int(tok), rows)
 
     def _decode(self, rids: list[str]) -> list[Emit]:
-        """One token for each of `rids`, in one forward over the cache rows in use."""
-        hi = self.cache.span()
+        """One token for each of `rids`, in one forward over their cache rows only."""
         reqs = [self.reqs[rid] for rid in rids]
         rows = [r.row for r in reqs]
         assert None not in rows
-        ids = torch.zeros(hi, 1, dtype=torch.long)
-        pos = torch.zeros(4, hi, 1, dtype=torch.long)
-        for r in reqs:
-            ids[r.row, 0] = r.tokens[-1]
-            pos[:, r.row] = r.next_pos[:, 0]  # type: ignore[index]
-        window = self.cache.decode(hi, rows)  # type: ignore[arg-type]
+        ids = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.long)
+        pos = torch.cat([r.next_pos for r in reqs], dim=1)  # type: ignore[misc]
+        window = self.cache.decode(rows)  # type: ignore[arg-type]
         out = self.model(
             input_ids=ids.to(self.device),
             position_ids=pos.to(self.device),
-            attention_mask=window.mask,
             cache=window,
+            blocks=window,
             use_cache=True,
         )
         window.commit()
-        logits = out.logits[rows, -1]
+        logits = out.logits[:, -1]
         picks = pick_batch([r.sampler for r in reqs], logits).tolist()  # one read back
         emits: list[Emit] = []
         for rid, r, tok in zip(rids, reqs, picks, strict=True):
