@@ -243,9 +243,7 @@ class _Window:
         v[self.write] = value.transpose(1, 2).flatten(0, 1)
         return key, value
 
-    def attend(
-        self, query: torch.Tensor, layer_idx: int, scaling: float | None
-    ) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, layer_idx: int, scaling: float | None) -> torch.Tensor:
         """Attention of `query` [b, heads, q_len, head_dim] over each row's own slots, as
         [b, q_len, heads, head_dim]."""
         k, v = self.cache.k[layer_idx], self.cache.v[layer_idx]

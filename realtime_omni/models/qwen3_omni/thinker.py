@@ -26,12 +26,12 @@ whole prompt. A request whose prefill ends in a step emits its first token in th
 Requests beyond `max_batch` wait for a row. KV memory comes in blocks from one pool
 (`cache.py`; its size `params.kv_cache_tokens` or `kv_cache_gib`, by default a share of the GPU
 memory free after loading, or 1 GiB on a CPU): a request that cannot get the blocks it needs,
-with every kept session evicted, fails with an error that says so. Per-request state (row, positions, sampler) lives in
-`_Request`; the module's own `rope_deltas` is never read or written. With
-`params.decode_interval_ms` (default 0: off; 20 in configs/tiny.yaml), decode steps come at
-most that often while every running request speaks and is past its first two tokens and no
-prompt waits: the talker takes a token per 80 ms frame, and tokens made faster only take the
-cores from the stages after this one (`_paced_until`).
+with every kept session evicted, fails with an error that says so. Per-request state (row,
+positions, sampler) lives in `_Request`; the module's own `rope_deltas` is never read or
+written. With `params.decode_interval_ms` (default 0: off; 20 in configs/tiny.yaml), decode
+steps come at most that often while every running request speaks and is past its first two
+tokens and no prompt waits: the talker takes a token per 80 ms frame, and tokens made faster
+only take the cores from the stages after this one (`_paced_until`).
 
 Conversations (`session_id` in the request): when a turn of a session ends (finished or
 aborted), its cache row is kept with the inputs whose keys and values it holds (the prompt and
