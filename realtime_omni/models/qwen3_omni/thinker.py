@@ -14,9 +14,11 @@ then the input embeddings of the final `<|im_start|>assistant\\n`. The request e
 token (`params.stop_token_ids`, default `<|im_end|>`) or `max_tokens` tokens, whichever is
 first; the last token carries `last: true` and is followed by `done`. A `text_only` request
 sends nothing to the speech stage (its stream there just ends: the talker and code2wav do no
-work for it); nor does a request with tools (`tool_calls`) from its `<tool_call>` token on
-(`params.tool_call_token_id`, default the checkpoint's): a function call is written for the
-client, not said. Its tags go to decode marked `keep`, to stay in the text.
+work for it); nor does a request with tools (`tool_calls`) after its `<tool_call>` token
+(`params.tool_call_token_id`, default the checkpoint's), which goes to the speech stage marked
+`last`, as a stop token would, so the talker ends what was said with its end-of-text row: a
+function call is written for the client, not said. Its tags go to decode marked `keep`, to
+stay in the text.
 
 Batching: one step decodes a token for every running request in one forward (up to the stage's
 `max_batch`), each request in its own row of a `BlockCache` with its own 3-D rope positions and
@@ -392,12 +394,15 @@ class ThinkerExecutor(HoldsRequests):
         if len(r.tokens) == 1:  # what the prompt cost: tokens prefilled, and taken from a kept turn
             meta["prefill_tokens"] = int(r.ids.shape[0]) - r.cached
             meta["cached_tokens"] = r.cached
+        speaking = self.speech and not r.text_only
         if r.tool_calls and tok in (self.tool_call_id, self.tool_call_end_id):
             meta["keep"] = True  # decode keeps the tag in the text, for the gateway
-            r.text_only = True  # the talker hears its stream end: what came before is said
+            r.text_only = True  # what came before is said; the call is written, not said
         emits = [Emit(rid, dict(meta), to=self.text_to)]
-        if self.speech and not r.text_only:
+        if speaking:
             speech: Payload = {**meta, "embed": self.embed.weight[tok]}  # weights: never written
+            # A call's tag ends the speech as a stop token would: the talker's end-of-text row.
+            speech["last"] = last or r.text_only
             if prompt_rows is not None:
                 speech["prompt_rows"] = prompt_rows
             emits.append(Emit(rid, speech, to=self.speech_to))
