@@ -1,6 +1,7 @@
 # realtime-omni: the gateway and every stage process in one image.
 #   docker build -t realtime-omni .
-#   docker run --rm -p 8000:8000 --shm-size 2g realtime-omni          # the tiny CPU model
+#   docker run --rm -p 8000:8000 --shm-size 2g realtime-omni          # the tiny CPU model; its
+#                                    log's ready line prints the API key it made for the run
 # GPUs: see docker-compose.yml (profile `gpu`) and docs/deployment.md.
 FROM python:3.11-slim
 
@@ -31,6 +32,7 @@ RUN pip install -e ".[$EXTRAS]"
 RUN python -c "from realtime_omni.models.qwen3_omni.tiny import ensure_tiny; ensure_tiny(0)"
 
 EXPOSE 8000
-# 0.0.0.0 inside the container: set REALTIME_OMNI_API_KEYS, or keep --allow-no-auth only behind a
-# proxy that authenticates (see docs/deployment.md).
-CMD ["realtime-omni", "serve", "--config", "configs/tiny.yaml", "--host", "0.0.0.0", "--port", "8000", "--allow-no-auth"]
+# 0.0.0.0 inside the container, so never without a key: set REALTIME_OMNI_API_KEYS, or the server
+# makes a key for the run and prints it (--generate-api-key). `docker run -p 8000:8000` is then
+# reached as localhost:8000; for other names, set realtime.allowed_hosts (docs/deployment.md).
+CMD ["realtime-omni", "serve", "--config", "configs/tiny.yaml", "--host", "0.0.0.0", "--port", "8000", "--generate-api-key"]

@@ -92,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         "behind something that authenticates",
     )
     serve.add_argument(
+        "--generate-api-key",
+        action="store_true",
+        help="with no API keys set, make one for this run and print it in the ready line (the "
+        "Docker image's default)",
+    )
+    serve.add_argument(
         "--loop",
         choices=aio.LOOPS,
         default=aio.DEFAULT_LOOP,
@@ -159,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
         sip=sip.model_copy(update={"port": args.sip_port}) if args.sip_port is not None else None,
         event_log=args.event_log,
         allow_no_auth=args.allow_no_auth,
+        generate_api_key=args.generate_api_key,
         drain_s=args.drain_s,
     )
     aio.run(serve(server.pipeline, args.host, args.port, gw), args.loop)

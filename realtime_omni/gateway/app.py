@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -23,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import uvicorn
@@ -34,11 +36,12 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from realtime_omni.errors import OmniError
-from realtime_omni.gateway.auth import Auth, AuthMiddleware
+from realtime_omni.errors import ConfigError, OmniError
+from realtime_omni.gateway.auth import Auth, AuthMiddleware, Grant
 from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.memory import HeapTrimmer
+from realtime_omni.gateway.origins import OriginMiddleware, host_name, is_loopback
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.session import EndOfTurnModel, Session, VadModel
 from realtime_omni.gateway.settings import Settings, Voices
@@ -78,7 +81,10 @@ class Gateway:
         self.event_log = EventLog.open(self.config.event_log)  # serve --event-log
         self.voices = Voices(self.config.realtime.voices)
         rt = self.config.realtime
-        self.auth = Auth(rt.api_keys(), rt.client_secret_ttl_s)  # no keys: nothing checked
+        keys = rt.api_keys() | set(self.config.api_keys)
+        self.auth = Auth(  # no keys: nothing checked
+            keys, rt.client_secret_ttl_s, max_sessions_per_secret=rt.client_secret_max_sessions
+        )
         self.trimmer = HeapTrimmer()
         self.draining = False  # SIGTERM: no new session; live ones go on (`serve`'s drain)
 
@@ -86,6 +92,8 @@ class Gateway:
         if self.coord is None:
             from realtime_omni.pipeline.coordinator import Coordinator
 
+            if self.pipeline.runtime.ipc_dir:
+                private_dir(Path(self.pipeline.runtime.ipc_dir))
             self.coord = Coordinator(self.pipeline)
             await self.coord.start()
         if self.config.vad:  # import torch and load the model now, not on a first call
@@ -107,14 +115,23 @@ class Gateway:
         if self.event_log is not None:
             self.event_log.close()
 
-    def refusal(self) -> tuple[str, str] | None:
-        """Why a new session cannot start now, as (message, code); None: it can."""
+    def refusal(self, grant: Grant | None = None) -> tuple[str, str] | None:
+        """Why a new session for `grant` cannot start now, as (message, code); None: it can."""
         if self.draining:
             return (
                 "the server is shutting down and takes no new sessions; connect again (a load "
                 "balancer sends you to another server)",
                 "server_draining",
             )
+        if grant is not None and grant.kind == "secret":
+            cap = self.auth.max_sessions_per_secret
+            if sum(1 for s in self.sessions if s.owner == grant.owner) >= cap:
+                return (
+                    f"this client secret already holds its limit of {cap} live session(s) "
+                    "(realtime.client_secret_max_sessions); end that call first, or have your "
+                    "backend mint another secret",
+                    "client_secret_session_limit",
+                )
         if len(self.sessions) >= self.config.max_sessions:
             return (
                 f"the server is at its limit of {self.config.max_sessions} sessions; try again "
@@ -146,11 +163,13 @@ class Gateway:
         model: str = "qwen3-omni",
         output_rate_hz: int | None = None,
         transport: str = "websocket",
+        owner: str = "open",
     ) -> Session:
+        """A new session, not yet started nor counted; `owner`: the grant that asks for it."""
         from realtime_omni.pipeline.graph import Graph
 
         entry = Graph(self.pipeline).edge(CLIENT, self.pipeline.entry)
-        return Session(
+        session = Session(
             self.coord,
             vad_factory=self.vad_factory,
             end_of_turn=self.end_of_turn,
@@ -163,6 +182,8 @@ class Gateway:
             transport=transport,
             voices=self.voices,
         )
+        session.owner = owner
+        return session
 
 
 async def _index(request: Request) -> Response:
@@ -269,11 +290,22 @@ def _process_stats() -> dict[str, Any]:
     }
 
 
+def allowed_hosts(config: GatewayConfig) -> list[str]:
+    """The names the server answers to besides loopback's: the configured ones, the address it
+    listens on (unless every interface) and the phone bridges' public URL's host."""
+    hosts = list(config.realtime.allowed_hosts)
+    if config.bind_host and config.bind_host not in ("0.0.0.0", "::", ""):
+        hosts.append(config.bind_host)
+    if config.phone.public_url:
+        hosts.append(host_name(urlsplit(config.phone.public_url).netloc))
+    return hosts
+
+
 def _middleware(gw: Gateway) -> list[Middleware]:
-    """CORS for the configured origins (outermost: a preflight is answered before auth), then
-    the API keys (`auth.py`)."""
-    out = []
+    """The Host and Origin checks first (`origins.py`), then CORS for the configured origins (a
+    preflight is answered before auth), then the API keys (`auth.py`)."""
     origins = gw.config.realtime.cors_origins
+    out = [Middleware(OriginMiddleware, hosts=allowed_hosts(gw.config), origins=origins)]
     if origins:
         out.append(
             Middleware(
@@ -353,14 +385,7 @@ async def serve(
             f"cannot listen on {host}:{port}: {e.strerror}. Fix: stop what uses the port, or "
             "pass another --port"
         ) from None
-    cfg = config or GatewayConfig()
-    keys = cfg.realtime.api_keys()
-    if not keys and not _loopback(host) and not cfg.allow_no_auth:
-        raise OmniError(
-            f"--host {host} would open the server to the network with no authentication. Fix: "
-            f"set API keys in {cfg.realtime.api_keys_env} (comma-separated), or pass "
-            "--allow-no-auth if something in front of it authenticates"
-        )
+    cfg = secure(config or GatewayConfig(), host)
     app = create_app(pipeline, cfg)
     server = _DrainingServer(
         app.state.gateway,
@@ -390,6 +415,8 @@ async def serve(
             print(f"realtime-omni: SIP on udp:{sip_host}:{sip_port}", flush=True)
         # Tests and scripts wait for "serving ... on <url>"; the note follows it.
         note = "" if app.state.gateway.auth.required else " (no authentication: no API keys set)"
+        if cfg.api_keys:
+            note = f" (no API keys were set; this run's key: {cfg.api_keys[0]})"
         print(
             f"realtime-omni: serving {pipeline.name} on http://{host}:{sock[1]}{note}", flush=True
         )
@@ -435,12 +462,39 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
+def private_dir(path: Path) -> None:
+    """Make `path` a folder only its owner may enter (0700): `runtime.ipc_dir` holds the stage
+    processes' ipc:// sockets, and whoever can connect to those can talk to the stages. One
+    that exists open to others is refused, not changed (it may be a shared folder)."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        path.mkdir(mode=0o700, parents=True)
+        path.chmod(0o700)  # mkdir's mode passes through the umask
+    except FileExistsError:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise ConfigError(
+                f"runtime.ipc_dir = {str(path)!r} is open to other users (mode {mode:o}). Fix: "
+                f"chmod 700 {path}, or name a folder that does not exist yet"
+            ) from None
+
+
+def secure(cfg: GatewayConfig, host: str) -> GatewayConfig:
+    """The config `serve` runs on `host` with: the address to answer to in Host, and a key of
+    its own when none is set and `generate_api_key` asks for one. `OmniError` for a server the
+    network could reach with no authentication, unless `allow_no_auth` says something in front
+    authenticates."""
+    import secrets
+
+    cfg = dataclasses.replace(cfg, bind_host=host)
+    if cfg.realtime.api_keys() or cfg.api_keys:
+        return cfg
+    if cfg.generate_api_key:
+        return dataclasses.replace(cfg, api_keys=(f"sk-{secrets.token_urlsafe(24)}",))
+    if not is_loopback(host_name(host)) and not cfg.allow_no_auth:
+        raise OmniError(
+            f"--host {host} would open the server to the network with no authentication. Fix: "
+            f"set API keys in {cfg.realtime.api_keys_env} (comma-separated), pass "
+            "--generate-api-key for a key of this run's own, or --allow-no-auth if something in "
+            "front of it authenticates"
+        )
+    return cfg

@@ -9,7 +9,6 @@ each file reads as one concept: the session's life there, the protocol's events 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -17,7 +16,13 @@ from typing import Any
 
 from realtime_omni.gateway.conversation import new_id
 from realtime_omni.gateway.echo import EchoCanceller
-from realtime_omni.gateway.protocol import ProtocolError, decode_b64, error_event, parse_item
+from realtime_omni.gateway.protocol import (
+    ProtocolError,
+    decode_b64,
+    error_event,
+    loads,
+    parse_item,
+)
 from realtime_omni.gateway.settings import apply_session_update
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ, ServerVad
 
@@ -62,22 +67,21 @@ class ClientEvents:
                 )
             )
         try:
-            event = json.loads(raw)
-        except json.JSONDecodeError as e:
-            return _error(ProtocolError(f"not valid JSON: {e}", code="invalid_json"))
-        except RecursionError:
-            return _error(ProtocolError("JSON nested too deeply", code="invalid_json"))
+            event = loads(raw)
+        except ProtocolError as e:
+            return _error(e)
         client_id = event.get("event_id") if isinstance(event, dict) else None
         client_id = client_id if isinstance(client_id, str) else None
         try:
             await self.handle(event)
         except ProtocolError as e:
             return _error(e, client_id)
-        except Exception as e:  # a bug must cost the client an error event, not the connection
+        except Exception:  # a bug must cost the client an error event, not the connection
             log.exception("session %s: event %r failed", self.id, event.get("type"))
-            return error_event(
-                f"internal error: {e}", "server_error", None, client_id, "server_error"
-            )
+            return error_event(  # Python's own words stay in the log, not with the client
+                "the server failed to handle this event; it logged why", "server_error", None,
+                client_id, "server_error",
+            )  # fmt: skip
         return None
 
     async def _session_update(self, ev: dict[str, Any]) -> None:

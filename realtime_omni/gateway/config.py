@@ -75,7 +75,27 @@ class PhoneConfig(_Strict):
     )
     goodbye_max_s: float = Field(15.0, gt=0, description="the goodbye's limit before hang-up")
     max_message_bytes: int = Field(1 << 20, gt=0, description="larger messages are dropped")
+    max_start_bytes: int = Field(
+        64 << 10,
+        gt=0,
+        description="a message before `start` (when the stream is not yet authenticated) larger "
+        "than this ends the stream",
+    )
+    max_pending_streams: int = Field(
+        16,
+        gt=0,
+        description="media streams connected and waiting for their `start` at once (not yet "
+        "authenticated); more are closed at once (1013, try again later)",
+    )
+    twilio_auth_token_env: str = Field(
+        "TWILIO_AUTH_TOKEN",
+        description="environment variable holding the Twilio account's auth token; set, the "
+        "voice webhook takes only requests whose X-Twilio-Signature it verifies",
+    )
     routes: dict[Route, PhoneRoute] = Field(default_factory=dict)
+
+    def twilio_auth_token(self) -> str | None:
+        return os.environ.get(self.twilio_auth_token_env) or None
 
     def session_for(self, route: str) -> dict[str, Any]:
         """The route's session settings laid over the default route's."""
@@ -157,8 +177,23 @@ class RealtimeConfig(_Strict):
     client_secret_ttl_s: int = Field(
         600, ge=10, le=7200, description="a client secret's life unless its request asks less"
     )
+    client_secret_max_sessions: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="live sessions one client secret may hold at once (a page's own call); "
+        "more are refused with client_secret_session_limit",
+    )
     cors_origins: list[str] = Field(
-        default_factory=list, description="origins browsers may call from; ['*']: any"
+        default_factory=list,
+        description="origins browsers may call from (CORS, and the Origin a WebSocket or a "
+        "POST may come with besides the server's own); ['*']: any",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="names the server answers to in the Host header, besides loopback's "
+        "(localhost, 127.0.0.1, ::1), the address `serve --host` names and phone.public_url's "
+        "host; other Hosts get 400 (DNS rebinding). ['*']: any",
     )
     websocket_compression: bool = Field(
         False,
@@ -202,6 +237,13 @@ class GatewayConfig:
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # the file's `realtime:`
     # Serve another address than loopback with no API keys (something in front authenticates).
     allow_no_auth: bool = False
+    # With no API keys set, make one for this run and print it (`serve --generate-api-key`:
+    # the Docker image's default, so `docker run -p 8000:8000` never serves anyone).
+    generate_api_key: bool = False
+    # Keys besides realtime.api_keys_env's: the one `generate_api_key` made.
+    api_keys: tuple[str, ...] = ()
+    # The address `serve --host` listens on: its name is answered in Host besides loopback's.
+    bind_host: str | None = None
     # SIGTERM: /readyz 503 and new sessions refused at once, live ones go on up to this many
     # seconds, then end and the process exits (`app.serve`); 0: end them at once.
     drain_s: float = 25.0

@@ -7,12 +7,14 @@ types.
 
 Each line is `{"session", "transport", "beta", "event"}`. Audio stays out of it: a delta's
 base64 is replaced by its length (`"<n base64 chars>"`, still a string), so a long call writes
-kilobytes, not its audio. Lines are flushed as written; the file is appended to.
+kilobytes, not its audio. Lines are flushed as written; the file is appended to, and only its
+owner may read it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,7 +27,13 @@ class EventLog:
 
     @classmethod
     def open(cls, path: str | Path | None) -> EventLog | None:
-        return cls(Path(path).open("a", encoding="utf-8")) if path else None
+        """The log at `path`, for the owner alone to read (0600: it holds what callers said,
+        as text, and the sessions' instructions), appended to; None for no path."""
+        if not path:
+            return None
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a file made before keeps its own mode otherwise
+        return cls(os.fdopen(fd, "a", encoding="utf-8"))
 
     def write(self, session: str, transport: str, beta: bool, event: dict[str, Any]) -> None:
         kind = str(event.get("type", ""))

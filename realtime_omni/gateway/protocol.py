@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ from realtime_omni.gateway import audio
 from realtime_omni.gateway.conversation import Item, Part, new_id
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
 
+MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool's schema) less
+
 
 class ProtocolError(Exception):
     """A client event the server refuses; becomes an `error` event, the connection lives on."""
@@ -25,6 +28,32 @@ class ProtocolError(Exception):
     def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
         super().__init__(message)
         self.code, self.param = code, param
+
+
+def loads(raw: str | bytes, what: str = "") -> Any:
+    """A client's JSON text as values; `ProtocolError` (`invalid_json`) for text that is not
+    JSON or nests deeper than `MAX_JSON_DEPTH`, so nothing after recurses over it (merging,
+    checking, dumping) past Python's stack."""
+    where = f"{what}: " if what else ""
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"{where}not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise ProtocolError(f"{where}JSON nested too deeply", code="invalid_json") from None
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        for c in children:
+            if isinstance(c, dict | list):
+                if depth >= MAX_JSON_DEPTH:
+                    raise ProtocolError(
+                        f"{where}JSON nested deeper than {MAX_JSON_DEPTH} levels",
+                        code="invalid_json",
+                    )
+                stack.append((c, depth + 1))
+    return value
 
 
 @dataclass(frozen=True)

@@ -185,10 +185,11 @@ class Responses:
             self._flush(resp.item.id)
             self._finish(resp, "failed", {"type": "failed", "error": {"message": str(e)}})
             return
-        except Exception as e:  # a bug: the response fails, and the session takes the next one
+        except Exception:  # a bug: the response fails, and the session takes the next one
             log.exception("response %s failed", resp.id)
             self._flush(resp.item.id)
-            error = {"type": "server_error", "message": f"internal error: {e}"}
+            # Python's own words stay in the log, not with the client.
+            error = {"type": "server_error", "message": "the server failed; it logged why"}
             self._finish(resp, "failed", {"type": "failed", "error": error})
             return
         if resp.max_tokens is not None and resp.text_tokens >= resp.max_tokens:

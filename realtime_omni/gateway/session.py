@@ -123,6 +123,9 @@ class Session(ClientEvents, Responses, Transcriptions):
         self.coord = coord
         self.voices = voices or Voices()  # the voice names session.update takes
         self.transport = transport  # where the call came in: websocket, webrtc, twilio, sip...
+        # Who started it (`auth.Grant.owner`): a client secret's cap counts its sessions, and
+        # only the same owner (or an API key) may hang it up, attach a sideband or evict it.
+        self.owner = "open"
         # What the person has heard of an item, in ms, where the transport knows better than
         # what was read out (a phone provider's marks); a barge-in keeps that much.
         self.heard_ms: Callable[[str], int] | None = None

@@ -477,8 +477,11 @@ def apply_session_update(
         f.refused.append(ProtocolError("session.audio must be an object", param="session.audio"))
     elif a is not None:
         inp, out = a.get("input") or {}, a.get("output") or {}
+        for obj, where in ((inp, "session.audio.input"), (out, "session.audio.output")):
+            if not isinstance(obj, dict):
+                f.refused.append(ProtocolError(f"{where} must be an object", param=where))
         take(
-            inp,
+            inp if isinstance(inp, dict) else {},
             "session.audio.input",
             [
                 ("format", "input_format", parse_format),
@@ -489,7 +492,7 @@ def apply_session_update(
             ],
         )
         take(
-            out,
+            out if isinstance(out, dict) else {},
             "session.audio.output",
             [("format", "output_format", parse_format), ("voice", "voice", voices.check)],
         )

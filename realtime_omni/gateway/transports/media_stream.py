@@ -46,11 +46,18 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.aio import within
 from realtime_omni.gateway import audio
-from realtime_omni.gateway.auth import grant_of
+from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
+from realtime_omni.gateway.protocol import ProtocolError, loads
 from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.transports import phone
-from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
+from realtime_omni.gateway.transports.phone import (
+    FRAME_SAMPLES,
+    RATE_HZ,
+    public_http_url,
+    twilio_signature_ok,
+)
+from realtime_omni.gateway.transports.webrtc import SignallingError, read_bytes
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.app import Gateway
@@ -59,6 +66,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.02
 MAX_MARKS = 3000  # marks awaiting their echo (a minute of 20 ms reads); older ones are dropped
 MAX_LOGGED = 5  # bad messages logged per call; the rest are counted
+MAX_WEBHOOK_BYTES = 64 << 10  # a voice webhook's form: Twilio's is about 1 KB
 
 
 class BadMessage(Exception):
@@ -354,15 +362,21 @@ class PhoneCall:
             raw = msg.get("text")
             if raw is None:
                 raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+            if self.session is None and len(raw) > self.config.max_start_bytes:
+                log.warning(
+                    "%s stream: a message of %d bytes before `start` (the limit: %d); closing",
+                    self.dialect.name, len(raw), self.config.max_start_bytes,
+                )  # fmt: skip
+                return None
             try:
                 if len(raw) > self.config.max_message_bytes:
                     raise BadMessage(f"message of {len(raw)} bytes is over the limit")
-                data = json.loads(raw)
+                data = loads(raw)
                 if not isinstance(data, dict):
                     raise BadMessage("a message must be a JSON object")
                 return self.dialect.parse(data)
-            except (BadMessage, json.JSONDecodeError, RecursionError) as e:
-                self._bad_message(str(e) or "not valid JSON")
+            except (BadMessage, ProtocolError) as e:
+                self._bad_message(str(e))
 
     def _bad_message(self, why: str) -> None:
         self._bad += 1
@@ -388,21 +402,24 @@ class PhoneCall:
 
     async def _begin(self, start: Start) -> bool:
         gw = self.gw
-        # A stream URL without a query (Twilio's) shows its token in the stream's parameters.
-        deferred = grant_of(self.ws.scope).kind == "deferred"
-        if deferred and gw.auth.check(start.parameters.get("token")) is None:
+        # A stream URL without a query (Twilio's) shows its token in the stream's parameters:
+        # an API key, or the secret the voice webhook minted for this stream.
+        grant: Grant | None = grant_of(self.ws.scope)
+        if grant is not None and grant.kind == "deferred":
+            grant = gw.auth.check(start.parameters.get("token"))
+        if grant is None or (grant.kind == "secret" and grant.purpose != "phone"):
             log.warning(
                 "%s call %s refused: no valid `token` stream parameter (the server has API keys)",
                 self.dialect.name, start.call_id,
             )  # fmt: skip
             return False
-        if (refused := gw.refusal()) is not None:
+        if (refused := gw.refusal(grant)) is not None:
             log.warning("%s call %s refused: %s", self.dialect.name, start.call_id, refused[0])
             return False
         self.start = start
         if start.codec == "alaw":
             self._decode, self._encode = audio.alaw_decode, audio.alaw_encode
-        s = gw.new_session(output_rate_hz=RATE_HZ, transport=self.dialect.name)
+        s = gw.new_session(output_rate_hz=RATE_HZ, transport=self.dialect.name, owner=grant.owner)
         s.heard_ms = self._heard_ms
         s.on_flush = self._on_flush
         s.on_pause = self._on_pause
@@ -514,6 +531,14 @@ class PhoneCalls:
         if dialect is None or not self.gw.config.phone.enabled:
             await ws.close(code=1008, reason="no such phone route")
             return
+        # Streams before `start` have shown no token yet: a bounded few may wait at once.
+        if (
+            sum(1 for c in self.live if c.session is None)
+            >= self.gw.config.phone.max_pending_streams
+        ):
+            log.warning("%s stream refused: too many streams waiting for `start`", dialect.name)
+            await ws.close(code=1013, reason="too many streams waiting to start")
+            return
         call = PhoneCall(ws, self.gw, dialect)
         self.live.add(call)
         try:
@@ -540,12 +565,22 @@ async def twilio_voice(request: Request) -> Response:
     config: PhoneConfig = request.app.state.gateway.config.phone
     if not config.enabled:
         return Response("phone routes are disabled", status_code=404)
-    form = parse_qs((await request.body())[:65536].decode("utf-8", "replace"))
+    try:
+        body = await read_bytes(request, MAX_WEBHOOK_BYTES)
+    except SignallingError as e:
+        return e.response()
+    form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    token = config.twilio_auth_token()
+    if token is not None:
+        url = public_http_url(request, config)
+        if not twilio_signature_ok(token, url, form, request.headers.get("x-twilio-signature")):
+            log.warning("twilio webhook refused: X-Twilio-Signature does not match %s", url)
+            return SignallingError(403, "X-Twilio-Signature does not match", "forbidden").response()
     fields = (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
     params = {k: form.get(f, [""])[0] for k, f in fields}
     gw = request.app.state.gateway
     if gw.auth.required:  # the stream authenticates with a secret of its own, not the key
-        params["token"], _ = gw.auth.mint({}, 120)
+        params["token"], _ = gw.auth.mint({}, 120, purpose="phone")
     lines = "".join(
         f"<Parameter name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in params.items() if v
     )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ from starlette.routing import Route
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
 from realtime_omni.gateway.echo import EchoCanceller
+from realtime_omni.gateway.protocol import ProtocolError, loads
 from realtime_omni.gateway.settings import Settings, apply_session_update
 from realtime_omni.gateway.transports.webrtc import (
     MAX_OFFER_BYTES,
@@ -60,7 +60,10 @@ def _refusal(status: int, message: str, code: str, param: str | None = None) -> 
 def _check_settings(gw: Gateway, session: Any, where: str) -> Settings:
     """The settings a session would have from `session`; 400 for any the server would not
     apply, naming the fields."""
-    s, refused = apply_session_update(Settings(), session, gw.voices, EchoCanceller.available())
+    try:
+        s, refused = apply_session_update(Settings(), session, gw.voices, EchoCanceller.available())
+    except ProtocolError as e:  # not an object at all
+        refused = [e]
     if refused:
         fields = "; ".join(str(e) for e in refused)
         raise SignallingError(400, f"{where}: {fields}", "invalid_session")
@@ -68,18 +71,20 @@ def _check_settings(gw: Gateway, session: Any, where: str) -> Settings:
 
 
 async def client_secrets(request: Request) -> Response:
+    """Mint a client secret (a secret never reaches this route: `auth.may_reach`)."""
     gw: Gateway = request.app.state.gateway
-    if grant_of(request.scope).kind == "secret":
-        return _refusal(403, "a client secret cannot mint others; use an API key", "forbidden")
     try:
-        data = json.loads(await read_bytes(request, MAX_CALL_BODY) or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError, SignallingError) as e:
-        return _refusal(400, f"the body is not a JSON object: {e}", "invalid_json")
+        data = loads(await read_bytes(request, MAX_CALL_BODY) or b"{}", "the body")
+    except SignallingError as e:
+        return e.response()
+    except ProtocolError as e:
+        return _refusal(400, str(e), "invalid_json")
     if not isinstance(data, dict):
         return _refusal(400, "the body must be a JSON object", "invalid_json")
     session = data.get("session") or {}
-    ttl = (data.get("expires_after") or {}).get("seconds")
-    if ttl is not None and (not isinstance(ttl, int) or not 10 <= ttl <= 7200):
+    expires = data.get("expires_after") or {}
+    ttl = expires.get("seconds") if isinstance(expires, dict) else expires
+    if ttl is not None and (type(ttl) is not int or not 10 <= ttl <= 7200):
         return _refusal(400, "expires_after.seconds must be 10..7200", "invalid_value")
     try:
         shown = _check_settings(gw, session, "session")
@@ -119,9 +124,9 @@ async def create_call(request: Request) -> Response:
                 raise SignallingError(400, "the form has no `sdp` field", "invalid_sdp")
             sdp = fields["sdp"]
             try:
-                session = json.loads(fields.get("session") or "{}")
-            except json.JSONDecodeError as e:
-                raise SignallingError(400, f"`session` is not JSON: {e}", "invalid_json") from e
+                session = loads(fields.get("session") or "{}", "`session`")
+            except ProtocolError as e:
+                raise SignallingError(400, str(e), "invalid_json") from None
             _check_settings(gw, session, "session")
         else:
             raise SignallingError(
@@ -130,7 +135,7 @@ async def create_call(request: Request) -> Response:
         if len(sdp.encode()) > MAX_OFFER_BYTES:
             raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
         settings = merge(grant.session or {}, session if isinstance(session, dict) else {})
-        call, answer = await calls.create(sdp, settings)
+        call, answer = await calls.create(sdp, settings, grant)
     except SignallingError as e:
         return e.response()
     return sdp_answer(answer, f"/v1/realtime/calls/{call.id}")

@@ -123,10 +123,12 @@ class RealtimeConnection:
 async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None, beta: bool) -> None:
     """`/v1/realtime?call_id=`: a copy of a WebRTC call's events from now on, and client events
     for its session (OpenAI's sideband connection); it ends with the call, the call goes on
-    without it."""
+    without it. An API key's holder may attach to any call, a client secret to its own calls
+    only (another's is "no such call", as one that does not exist)."""
     gw: Gateway = ws.app.state.gateway
     call = ws.app.state.webrtc.calls.get(call_id)
-    if call is None:
+    grant = grant_of(ws.scope)
+    if call is None or not (grant.trusted or grant.owner == call.session.owner):
         await ws.close(code=1008, reason="no such call")
         return
     await ws.accept(subprotocol=subprotocol)
@@ -168,14 +170,14 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await sideband(ws, call_id, subprotocol, beta)
         return
     await ws.accept(subprotocol=subprotocol)
-    if (refused := gw.refusal()) is not None:
+    grant = grant_of(ws.scope)
+    if (refused := gw.refusal(grant)) is not None:
         message, code = refused
         err = error_event(message, code, kind="server_error")
         await ws.send_text(json.dumps({"event_id": event_id(), **err}))
         await ws.close(code=1013, reason=code.replace("_", " "))  # 1013: try again later
         return
-    session = gw.new_session(model=ws.query_params.get("model") or "qwen3-omni")
-    grant = grant_of(ws.scope)
+    session = gw.new_session(model=ws.query_params.get("model") or "qwen3-omni", owner=grant.owner)
     if grant.session:  # a client secret's settings, checked when it was minted
         session.configure(grant.session)
     gw.sessions.add(session)

@@ -10,9 +10,10 @@ Routes (`routes()`, mounted by `app.create_app`):
 
 Refusals are JSON `{"error": {"message", "code"}}`: 400 a malformed body or SDP (the reason in
 the message), 404 an unknown session, 413 an offer over `MAX_OFFER_BYTES`, 415 WHIP without
-`application/sdp`, 503 the server at `max_sessions` (WebSocket sessions count too) with every
-call connected: at the limit, a new offer takes the place of the oldest call that has not
-connected yet, which ends.
+`application/sdp`, 429 a client secret at its own limit of live sessions, 503 the server at
+`max_sessions` (WebSocket sessions count too): at either limit, a new offer takes the place of
+the oldest call of the same grant (key, secret) that has not connected yet, which ends; none, and
+the offer is refused. A call made with a client secret starts with the secret's session settings.
 
 A call: the client's audio track (Opus, decoded by aiortc to 48 kHz) feeds `Session.push_audio`;
 its video, when sent, the session's latest frame; the server's track plays the session's voice
@@ -46,7 +47,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from realtime_omni.aio import within
-from realtime_omni.gateway.protocol import error_event, event_id
+from realtime_omni.gateway.auth import Grant, grant_of
+from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id, loads
 from realtime_omni.gateway.session import Session
 from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
 from realtime_omni.gateway.transports.webrtc_media import (
@@ -81,12 +83,18 @@ class SignallingError(Exception):
         return JSONResponse(body, status_code=self.status)
 
 
+def _malformed(what: str, e: Exception) -> SignallingError:
+    """400 for an offer aiortc could not take; its exception's words stay in the log."""
+    log.info("%s: %r", what, e)
+    return SignallingError(400, f"{what} (the server could not parse or answer it)", "invalid_sdp")
+
+
 def check_offer(text: str) -> None:
     """Refuse (400) an offer that aiortc would accept but that can never connect."""
     try:
         desc = aiortc_sdp.SessionDescription.parse(text)
     except Exception as e:  # aiortc's parser raises many types for many faults
-        raise SignallingError(400, f"malformed SDP offer: {e!r}", "invalid_sdp") from None
+        raise _malformed("malformed SDP offer", e) from None
     if not desc.media:
         raise SignallingError(400, "the SDP offer has no media section (m=)", "invalid_sdp")
     for i, m in enumerate(desc.media):
@@ -124,7 +132,7 @@ class WebRtcCall:
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as e:  # aiortc's parser raises many types for many faults
-            raise SignallingError(400, f"malformed SDP offer: {e!r}", "invalid_sdp") from None
+            raise _malformed("malformed SDP offer", e) from None
         audio = [t for t in self.pc.getTransceivers() if t.kind == "audio"]
         if not audio and self.pc.sctp is None:
             raise SignallingError(
@@ -135,7 +143,7 @@ class WebRtcCall:
         try:
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except Exception as e:
-            raise SignallingError(400, f"cannot answer the offer: {e!r}", "invalid_sdp") from None
+            raise _malformed("the offer cannot be answered", e) from None
         self.send_event(
             {"type": "session.created", "session": self.session.settings.to_openai(self.id)}
         )
@@ -270,22 +278,31 @@ class WebRtcCalls:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def create(
-        self, sdp: str, settings: dict[str, Any] | None = None
+        self, sdp: str, settings: dict[str, Any] | None = None, grant: Grant | None = None
     ) -> tuple[WebRtcCall, str]:
         """A call for this offer, and its answer; `settings` (a session object: a client
-        secret's, a call's) apply before `session.created`. `SignallingError` on refusal; a
-        refused or failed offer leaves nothing behind."""
-        if (refused := self.gw.refusal()) is not None:
-            # An offer that never connected (no ICE yet) yields its place to a new one, oldest
-            # first: unanswered POSTs cannot lock callers out for CONNECT_TIMEOUT_S each.
-            pending = [c for c in self.calls.values() if not c.connected.is_set()]
+        secret's, a call's) apply before `session.created`; `grant` asks for it. `SignallingError`
+        on refusal; a refused or failed offer leaves nothing behind."""
+        grant = grant or Grant("open")
+        while (refused := self.gw.refusal(grant)) is not None:
+            # An offer that never connected (no ICE yet) yields its place to a new one of the
+            # same grant, oldest first: unanswered POSTs cannot lock their own caller out for
+            # CONNECT_TIMEOUT_S each, nor take another's place.
+            pending = [
+                c
+                for c in self.calls.values()
+                if not c.connected.is_set() and c.session.owner == grant.owner
+            ]
             if not pending or self.gw.draining:
-                raise SignallingError(503, *refused)
+                status = 429 if refused[1] == "client_secret_session_limit" else 503
+                raise SignallingError(status, *refused)
             old = pending[0]
             self.forget(old)  # out of the registry and the count now; it closes in the background
             self.gw.sessions.discard(old.session)
             old.end("its place went to a newer offer before it connected")
-        session = self.gw.new_session(output_rate_hz=PLAYOUT_RATE_HZ, transport="webrtc")
+        session = self.gw.new_session(
+            output_rate_hz=PLAYOUT_RATE_HZ, transport="webrtc", owner=grant.owner
+        )
         self.gw.sessions.add(session)  # before any await: the limit holds under a burst
         call = WebRtcCall(self, session)
         self.calls[call.id] = call
@@ -361,14 +378,15 @@ async def offer_endpoint(request: Request) -> Response:
     try:
         raw = await read_body(request)
         try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise SignallingError(400, f"the body is not JSON: {e}", "invalid_json") from None
+            data = loads(raw, "the body")
+        except ProtocolError as e:
+            raise SignallingError(400, str(e), "invalid_json") from None
         if not isinstance(data, dict) or data.get("type") != "offer":
             raise SignallingError(400, 'the body must be {"sdp": ..., "type": "offer"}')
         if not isinstance(data.get("sdp"), str):
             raise SignallingError(400, "sdp must be a string", "invalid_sdp")
-        call, answer = await calls.create(data["sdp"])
+        grant = grant_of(request.scope)
+        call, answer = await calls.create(data["sdp"], grant.session, grant)
     except SignallingError as e:
         return e.response()
     return JSONResponse({"sdp": answer, "type": "answer", "session_id": call.id})
@@ -382,7 +400,8 @@ async def whip_endpoint(request: Request) -> Response:
             raise SignallingError(
                 415, f"WHIP takes Content-Type application/sdp, not {kind or 'none'!r}"
             )
-        call, answer = await calls.create(await read_body(request))
+        grant = grant_of(request.scope)
+        call, answer = await calls.create(await read_body(request), grant.session, grant)
     except SignallingError as e:
         return e.response()
     return sdp_answer(answer, f"/v1/whip/{call.id}")
@@ -396,9 +415,11 @@ def sdp_answer(answer: str, location: str) -> Response:
 
 
 async def end_call(request: Request, call_id: str) -> Response:
-    """Hang up a call by its id (the session's): 200, or 404 for none."""
+    """Hang up a call by its id (the session's): 200, or 404 for none. A client secret hangs up
+    its own calls only (another's is 404, as one that does not exist)."""
     call = request.app.state.webrtc.calls.get(call_id)
-    if call is None:
+    grant = grant_of(request.scope)
+    if call is None or not (grant.trusted or grant.owner == call.session.owner):
         return SignallingError(404, "no such call", "call_not_found").response()
     await call.close()
     return Response(status_code=200)
