@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import subprocess
 import sys
 import time
@@ -26,9 +27,15 @@ ORIGIN = "https://app.example.com"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ipc_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(tmp_path_factory.mktemp("auth")) / "ipc"  # the server makes it
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, ipc_dir: Path) -> Iterator[str]:
     cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     cfg["realtime"] = {"cors_origins": [ORIGIN], "api_keys_env": "TEST_KEYS"}
+    cfg.setdefault("runtime", {})["ipc_dir"] = str(ipc_dir)
     path = Path(tmp_path_factory.mktemp("auth")) / "keys.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {"TEST_KEYS": f"other-key, {KEY}"}
@@ -76,6 +83,13 @@ def test_routes_need_a_key_but_health_and_the_page(server: str) -> None:
     assert get(f"{server}/v1/stats", "other-key")[0] == 200  # each key of the list
     status, _, _ = http("POST", f"{server}/v1/whip", b"v=0", "application/sdp")
     assert status == 401
+
+
+def test_the_stages_sockets_folder_is_for_the_servers_user_alone(
+    server: str, ipc_dir: Path
+) -> None:
+    assert ipc_dir.is_dir() and stat.S_IMODE(ipc_dir.stat().st_mode) == 0o700
+    assert any(p.is_socket() for p in ipc_dir.iterdir())  # the stages' ipc:// sockets
 
 
 def test_websocket_keys_by_header_and_by_browser_subprotocol(server: str) -> None:
