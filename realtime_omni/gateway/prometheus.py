@@ -5,9 +5,10 @@ audio, thinker token -> its audio leaving, barge-in -> silence, abort acknowledg
 from the stage processes' own logs at each scrape: step time and batch size (histograms of the
 steps made since the previous scrape, of the last 512 a stage keeps) and the steps' CPU time (a
 counter: below the step time's sum when the stages wait for the cores), requests held; per edge,
-credits in use; per process, restarts; per transport, live sessions; WebRTC output frames sent
-and late. A stage that makes more than 512 steps between two scrapes loses the oldest from its
-histograms (scrape every few seconds).
+credits in use; per stage with a KV cache, its pool's blocks in use and in all and the kept
+sessions evicted for room (since each process started); per process, restarts; per transport,
+live sessions; WebRTC output frames sent and late. A stage that makes more than 512 steps between
+two scrapes loses the oldest from its histograms (scrape every few seconds).
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ class Exporter:
         )  # fmt: skip
         self.held = Gauge("rto_stage_requests", "Requests holding state", ["stage"], registry=r)
         self.slots = Gauge("rto_edge_slots_in_use", "Credits lent on an edge", ["edge"], registry=r)
+        self.kv_used = Gauge(
+            "rto_kv_blocks_in_use", "KV cache blocks held by requests and kept sessions",
+            ["stage"], registry=r,
+        )  # fmt: skip
+        self.kv_total = Gauge("rto_kv_blocks", "KV cache blocks in the pool", ["stage"], registry=r)
+        self.kv_evicted = Gauge(
+            "rto_kv_evictions", "Kept sessions evicted for room since the stage processes started",
+            ["stage"], registry=r,
+        )  # fmt: skip
         self.restarts = Gauge(
             "rto_process_restarts", "Restarts of a stage process", ["process"], registry=r
         )
@@ -75,7 +85,10 @@ class Exporter:
         stats = await coord.stats()
         held: dict[str, int] = {}
         used: dict[str, int] = {}
+        kv: dict[str, list[int]] = {}
         for process, st in stats.items():
+            for stage, counts in st.kv.items():
+                kv[stage] = [a + b for a, b in zip(kv.get(stage, [0, 0, 0]), counts, strict=True)]
             for stage, log in st.steps.items():
                 sizes = st.batches.get(stage, [])
                 cpu = st.step_cpu.get(stage, [])
@@ -97,6 +110,10 @@ class Exporter:
             self.held.labels(stage).set(n)
         for edge, n in used.items():
             self.slots.labels(edge).set(n)
+        for stage, (in_use, total, evicted) in kv.items():
+            self.kv_used.labels(stage).set(in_use)
+            self.kv_total.labels(stage).set(total)
+            self.kv_evicted.labels(stage).set(evicted)
         for process, epoch in coord.epochs.items():
             self.restarts.labels(process).set(epoch)
         calls = webrtc.stats()

@@ -9,6 +9,7 @@ import base64
 import binascii
 import io
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from realtime_omni.gateway.conversation import Item, Part, new_id
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
 
 MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool's schema) less
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ProtocolError(Exception):
@@ -32,8 +34,9 @@ class ProtocolError(Exception):
 
 def loads(raw: str | bytes, what: str = "") -> Any:
     """A client's JSON text as values; `ProtocolError` (`invalid_json`) for text that is not
-    JSON or nests deeper than `MAX_JSON_DEPTH`, so nothing after recurses over it (merging,
-    checking, dumping) past Python's stack."""
+    JSON, nests deeper than `MAX_JSON_DEPTH` (so nothing after recurses over it past Python's
+    stack: merging, checking, dumping) or holds a lone surrogate (`"\\ud800"`: no UTF-8 text
+    has one, and encoding it on the way out, to a client or a tokenizer, raises)."""
     where = f"{what}: " if what else ""
     try:
         value = json.loads(raw)
@@ -41,18 +44,23 @@ def loads(raw: str | bytes, what: str = "") -> Any:
         raise ProtocolError(f"{where}not valid JSON: {e}", code="invalid_json") from None
     except RecursionError:
         raise ProtocolError(f"{where}JSON nested too deeply", code="invalid_json") from None
-    stack = [(value, 1)]
+    escaped = ("\\u" in raw) if isinstance(raw, str) else (b"\\u" in raw)  # else no surrogate
+    stack = [(value, 0)]
     while stack:
         v, depth = stack.pop()
-        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
-        for c in children:
-            if isinstance(c, dict | list):
-                if depth >= MAX_JSON_DEPTH:
-                    raise ProtocolError(
-                        f"{where}JSON nested deeper than {MAX_JSON_DEPTH} levels",
-                        code="invalid_json",
-                    )
-                stack.append((c, depth + 1))
+        if isinstance(v, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ProtocolError(
+                    f"{where}JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json"
+                )
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+            if escaped and isinstance(v, dict):
+                stack.extend((k, depth + 1) for k in v)
+        elif escaped and isinstance(v, str) and _SURROGATE.search(v):
+            raise ProtocolError(
+                f"{where}a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text",
+                code="invalid_json",
+            )
     return value
 
 

@@ -155,6 +155,8 @@ class Stats(_Message):
     # Per step in `steps`, the CPU seconds of the thread that ran it (with one intra-op thread,
     # the step's own): less than its duration by the time the process waited for a core.
     step_cpu: dict[str, list[float]] = msgspec.field(default_factory=dict)
+    # stage -> its KV pool: (blocks in use, blocks in all, kept sessions evicted since start)
+    kv: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
 
 
 class Shutdown(_Message):

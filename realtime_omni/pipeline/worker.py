@@ -614,6 +614,7 @@ class Worker:
             gc_frozen=self.gc_frozen,
             batches={n: list(log) for n, log in self.batch_log.items()},
             step_cpu={n: list(log) for n, log in self.cpu_log.items()},
+            kv={n: s.executor.kv_stats() for n, s in self.stages.items() if _has_kv(s.executor)},
         )
 
     def close(self) -> None:
@@ -629,3 +630,8 @@ class Worker:
 
 if __name__ == "__main__":  # started by the coordinator: python -m realtime_omni.pipeline.worker
     worker_main(msgspec.json.decode(os.environ.pop(ARGS_ENV), type=WorkerArgs))
+
+
+def _has_kv(executor: object) -> bool:
+    """The executor keeps a KV pool and says how full (`kv_stats`, optional)."""
+    return callable(getattr(executor, "kv_stats", None))

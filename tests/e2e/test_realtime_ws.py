@@ -175,11 +175,15 @@ def test_malformed_events_get_errors_and_the_connection_lives(server: str) -> No
                 json.dumps({"type": "no.such.event", "event_id": "e1"}),
                 json.dumps({"type": "session.update", "session": {"temperature": "x"}}),
                 json.dumps([1, 2]),
+                # wrong types deep in a session, deep nesting, a string that is not text
+                json.dumps({"type": "session.update", "session": {"audio": {"input": "x"}}}),
+                '{"type": "session.update", "session": ' + "[" * 5000 + "]" * 5000 + "}",
+                json.dumps({"type": "session.update", "session": {"instructions": "\ud800"}}),
             ]:
                 await conn.send_raw(raw)
                 err = await until(conn, "error")
-                assert err.error.message
-            assert err.error.type == "invalid_request_error"
+                assert err.error.message and err.error.type == "invalid_request_error", raw[:80]
+                assert "Error(" not in err.error.message and "Traceback" not in err.error.message
             big = json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (9 << 20)})
             await conn.send_raw(big)
             assert (await until(conn, "error")).error.code == "message_too_large"

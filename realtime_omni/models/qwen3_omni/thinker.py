@@ -256,6 +256,10 @@ class ThinkerExecutor(HoldsRequests):
             "kv_cache_tokens or kv_cache_gib, or lower max_batch"
         )
 
+    def kv_stats(self) -> tuple[int, int, int]:
+        """The KV pool: blocks in use, blocks in all, kept sessions evicted so far."""
+        return self.cache.blocks_in_use(), self.cache.blocks, self.sessions.evictions
+
     def abort(self, request_id: str) -> None:
         """Drop the request; a session's turn leaves its cache row for the next turn."""
         r = self.reqs.pop(request_id, None)

@@ -182,7 +182,8 @@ def gateway_server(
         port = _free_port()
         server = uvicorn.Server(
             uvicorn.Config(
-                app, host="127.0.0.1", port=port, log_level="warning",
+                # log_config None: uvicorn's loggers reach the root's, and pytest's caplog
+                app, host="127.0.0.1", port=port, log_config=None,
                 ws="websockets-sansio", lifespan="on",
             )
         )  # fmt: skip
