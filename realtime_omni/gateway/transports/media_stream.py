@@ -532,10 +532,8 @@ class PhoneCalls:
             await ws.close(code=1008, reason="no such phone route")
             return
         # Streams before `start` have shown no token yet: a bounded few may wait at once.
-        if (
-            sum(1 for c in self.live if c.session is None)
-            >= self.gw.config.phone.max_pending_streams
-        ):
+        waiting = sum(1 for c in self.live if c.session is None)
+        if waiting >= self.gw.config.phone.max_pending_streams:
             log.warning("%s stream refused: too many streams waiting for `start`", dialect.name)
             await ws.close(code=1013, reason="too many streams waiting to start")
             return

@@ -58,6 +58,7 @@ def json_bodies(sdp: str) -> list[Any]:
         {"session": {"audio": "x"}},
         {"session": {"tools": [{"type": "function", "name": "f", "parameters": deep(60)}]}},
         {"session": deep(200)},
+        {"session": {"tools": [{"type": "function", "name": "f", "parameters": deep(900)}]}},
         {"session": {"turn_detection": {"type": "server_vad", "threshold": "high"}}},
         {"session": {"instructions": "\ud800 lone surrogate"}},
         {"session": {"voice": {"name": "x"}}, "expires_after": {"seconds": "600"}},
@@ -83,6 +84,7 @@ def raw_bodies(rng: random.Random, sdp: str) -> list[bytes]:
         b"",
         b"[" * 100_000 + b"]" * 100_000,
         b'{"session": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"session": {"tracing": ' + b'{"a": ' * 980 + b"1" + b"}" * 980 + b"}}",
         b'{"expires_after": {"seconds": 1e999999}}',
         b'{"session": NaN}',
         b"\xff\xfe\x00garbage",
@@ -231,3 +233,21 @@ def test_client_events_of_the_wrong_shape_get_a_request_error_never_pythons_word
         await s.close()
 
     run(body(), 60)
+
+
+def test_a_session_nested_past_pythons_stack_in_a_secret_and_its_call_is_refused() -> None:
+    nested = b'{"tracing": ' + b'{"a": ' * 960 + b"1" + b"}" * 960 + b"}"
+    sdp = offer()
+    with gateway_server(keys=KEY) as srv:
+        status, _, raw = srv.request(
+            "POST", "/v1/realtime/client_secrets", b'{"session": ' + nested + b"}",
+            {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        assert status < 500, raw[:300]
+        secret = json.loads(raw).get("value", KEY)
+        body, kind = multipart(sdp, nested)
+        status, _, raw = srv.request(
+            "POST", "/v1/realtime/calls", body,
+            {"Authorization": f"Bearer {secret}", "Content-Type": kind},
+        )  # fmt: skip
+        assert status < 500 and not PYTHON_TEXT.search(raw), raw[:300]
