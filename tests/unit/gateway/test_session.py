@@ -452,6 +452,26 @@ def test_deeply_nested_json_is_an_error_event_not_a_crash() -> None:
     run(body())
 
 
+def test_an_event_that_fails_on_a_bug_tells_the_client_so_without_pythons_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from realtime_omni.gateway import client_events
+
+    async def broken(session: Session, event: dict[str, Any]) -> None:
+        raise KeyError("the server's own internals")
+
+    monkeypatch.setitem(client_events._HANDLERS, "input_audio_buffer.clear", broken)
+
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1))
+        err = await s.handle_text('{"type": "input_audio_buffer.clear", "event_id": "e7"}', 1 << 20)
+        assert err is not None and err["error"]["type"] == "server_error"
+        assert err["error"]["event_id"] == "e7" and "internals" not in json.dumps(err)
+        await s.close()
+
+    run(body())
+
+
 class BadStream(FakeStream):
     """An output the session's own handling breaks on (not an OmniError)."""
 
@@ -480,6 +500,8 @@ def test_a_response_that_fails_on_a_bug_ends_and_the_next_one_runs() -> None:
         await settle(s, lambda: s.active_response is None)
         done = [e for e in s.pending_events() if e["type"] == "response.done"]
         assert done[-1]["response"]["status"] == "failed"
+        error = done[-1]["response"]["status_details"]["error"]  # Python's words stay in the log
+        assert error == {"type": "server_error", "message": "the server failed; it logged why"}
         await s.handle({"type": "response.create"})  # refused while the first stayed active
         await settle(s, lambda: s.active_response is None, read=24000)
         done = [e for e in s.pending_events() if e["type"] == "response.done"]
