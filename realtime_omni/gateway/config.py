@@ -20,6 +20,8 @@ realtime:
   voices: {alloy: chelsie, ash: ethan}    # OpenAI's voice names -> the checkpoint's speakers
   api_keys_env: REALTIME_OMNI_API_KEYS    # the keys themselves live in the environment
   cors_origins: ["https://app.example.com"]
+  allowed_hosts: [voice.example.com]      # Host names answered besides loopback's
+  client_secret_max_sessions: 1           # live sessions one client secret may hold
 ```
 
 A route's `session` is what a client would put in `session.update` (GA or beta shape); a
