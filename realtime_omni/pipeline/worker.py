@@ -628,10 +628,10 @@ class Worker:
         self.zmq.term()
 
 
-if __name__ == "__main__":  # started by the coordinator: python -m realtime_omni.pipeline.worker
-    worker_main(msgspec.json.decode(os.environ.pop(ARGS_ENV), type=WorkerArgs))
-
-
 def _has_kv(executor: object) -> bool:
     """The executor keeps a KV pool and says how full (`kv_stats`, optional)."""
     return callable(getattr(executor, "kv_stats", None))
+
+
+if __name__ == "__main__":  # started by the coordinator: python -m realtime_omni.pipeline.worker
+    worker_main(msgspec.json.decode(os.environ.pop(ARGS_ENV), type=WorkerArgs))

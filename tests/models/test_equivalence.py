@@ -79,9 +79,10 @@ def tokenizer_text(d: Any, ids: list[int]) -> str:
 
 
 def test_concurrent_requests_match_each_alone(pipeline: Any) -> None:
-    """Two requests with different prompts and sampling seeds, in flight together (so batched in
-    every stage), give the same tokens, codes and waveform as each run alone: no state is
-    shared between requests."""
+    """Three requests with different prompts and sampling (two sampled with their own settings
+    and seeds, one greedy), in flight together, give the same tokens, codes and waveform as
+    each run alone: no state is shared between requests. The stages' step logs show that they
+    did share steps, and the KV pools hold nothing once they are done."""
     lt, coord = pipeline
     a = {
         **conversation("audio_image"),
@@ -97,12 +98,23 @@ def test_concurrent_requests_match_each_alone(pipeline: Any) -> None:
     b = {**conversation("text"), "temperature": 1.0, "seed": 2, "talker_temperature": 0.7,
          "talker_top_k": 20, "talker_seed": 12, "max_tokens": 8, "talker_max_tokens": 20,
          "speaker": "chelsie"}  # fmt: skip
-    alone = [lt.run(run_request(coord, p)) for p in (a, b)]
+    c = {**conversation("image"), **GREEDY}
+    alone = [lt.run(run_request(coord, p)) for p in (a, b, c)]
+    before = lt.run(coord.stats())
 
     async def together() -> list[dict[str, Any]]:
-        return list(await asyncio.gather(run_request(coord, a), run_request(coord, b)))
+        return list(await asyncio.gather(*(run_request(coord, p) for p in (a, b, c))))
 
     both = lt.run(together())
+    after = lt.run(coord.stats())
+    for stage in ("thinker", "talker_ar"):
+        (process,) = [p for p, st in after.items() if stage in st.steps]
+        known = {start for start, _ in before[process].steps[stage]}
+        log = zip(after[process].steps[stage], after[process].batches[stage], strict=True)
+        new = [n for (start, _), n in log if start not in known]
+        assert max(new) >= 2, (stage, new)  # a step served two or three of them at once
+        in_use, blocks, evicted = after[process].kv[stage]
+        assert in_use == 0 and blocks > 0 and evicted == 0
     for x, y in zip(alone, both, strict=True):
         assert x["text_ids"] == y["text_ids"] and len(x["text_ids"]) > 0
         np.testing.assert_array_equal(x["codes"], y["codes"])
