@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +95,7 @@ class Item:
         return {**base, "role": self.role, "content": content}
 
 
-MAX_BYTES = 32 << 20  # a session's audio and images (about 8 min of 16 kHz float32 audio)
+MAX_BYTES = 32 << 20  # a session's audio, images and text (8 min of 16 kHz float32 audio)
 
 
 def _array_bytes(item: Item) -> int:
@@ -105,9 +106,16 @@ def _array_bytes(item: Item) -> int:
     )
 
 
+def _held_bytes(item: Item) -> int:
+    """What an item holds: its arrays and its text, a byte a character (what a client sent of
+    it; 12 items of 7 MiB of text were all kept when only arrays counted)."""
+    text = sum(len(p.text) for p in item.parts) + sum(len(t) for _, t in item.pieces)
+    return _array_bytes(item) + text + len(item.arguments) + len(item.output)
+
+
 class Conversation:
-    """The items of one session, bounded: past `max_items` items or `max_bytes` of audio and
-    images the oldest go; their ids wait in `dropped` for the session to announce."""
+    """The items of one session, bounded: past `max_items` items or `max_bytes` of audio,
+    images and text the oldest go; their ids wait in `dropped` for the session to announce."""
 
     def __init__(self, max_items: int = MAX_ITEMS, max_bytes: int = MAX_BYTES) -> None:
         self.items: list[Item] = []
@@ -122,16 +130,18 @@ class Conversation:
             at = self.index(previous_item_id) + 1
         prev = self.items[at - 1].id if at > 0 else None
         self.items.insert(at, item)
-        self._shed(self.max_items, self.max_bytes, keep=item)
+        self._shed(self.max_items, self.max_bytes, keep=item, size=_held_bytes)
         return prev
 
-    def _shed(self, max_items: int, max_bytes: float, keep: Item) -> None:
+    def _shed(
+        self, max_items: int, max_bytes: float, keep: Item, size: Callable[[Item], int]
+    ) -> None:
         """Drop whole items oldest first, never `keep`, while there are more than `max_items`
-        or their audio and images take more than `max_bytes`; their ids go to `dropped`."""
-        total = self.array_bytes()
+        or they take more than `max_bytes` by `size`; their ids go to `dropped`."""
+        total = sum(size(it) for it in self.items)
         while len(self.items) > 1 and (len(self.items) > max_items or total > max_bytes):
             old = self.items.pop(0 if self.items[0] is not keep else 1)
-            total -= _array_bytes(old)
+            total -= size(old)
             self.dropped.append(old.id)
 
     def take_dropped(self) -> list[str]:
@@ -165,7 +175,9 @@ class Conversation:
         drops more at once, so the kept history stays one prefix for several turns and the
         stages' kept caches keep serving it."""
         if self.items and self.array_bytes() > max_bytes:
-            self._shed(self.max_items, retention_ratio * max_bytes, keep=self.items[-1])
+            self._shed(
+                self.max_items, retention_ratio * max_bytes, self.items[-1], size=_array_bytes
+            )
 
     def payload(
         self,

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from realtime_omni.gateway.conversation import Conversation, Item, Part
+from realtime_omni.gateway.conversation import Conversation, Item, Part, new_id
 
 
 def test_payload_carries_the_conversation_with_named_arrays() -> None:
@@ -111,3 +111,17 @@ def test_tool_choice_reaches_the_thinker() -> None:
     assert "calling one of" in _tools_payload(tools, "required")["tool_instruction"]
     named = _tools_payload(tools, {"type": "function", "name": "get_weather"})
     assert "get_weather" in named["tool_instruction"]
+
+
+def test_text_counts_in_what_a_conversation_may_hold() -> None:
+    """Before, only audio and images counted: 12 items of 7 MiB of text were all kept."""
+    conv = Conversation(max_bytes=1 << 20)
+    ids = []
+    for i in range(12):
+        item = Item(new_id("item"), "user", [Part("text", text="x" * (300 << 10))])
+        conv.add(item)
+        ids.append(item.id)
+    call = Item(new_id("item"), "tool", type="function_call_output", output="y" * (300 << 10))
+    conv.add(call)
+    assert [it.id for it in conv.items] == [*ids[-2:], call.id]  # 900 KiB: three fit
+    assert conv.take_dropped() == ids[:-2]
