@@ -1,6 +1,6 @@
 import pytest
 
-from realtime_omni.gateway.protocol import ProtocolError, error_event, for_beta
+from realtime_omni.gateway.protocol import PCM16, ProtocolError, error_event, for_beta, parse_item
 from realtime_omni.gateway.settings import Settings, Voices
 from realtime_omni.gateway.settings import apply_session_update as apply_with_errors
 
@@ -175,3 +175,47 @@ def test_tools_tool_choice_modalities_transcription() -> None:
         Settings(), {"audio": {"input": {"noise_reduction": {"type": "far_field"}}}}, None, True
     )
     assert refused == [] and s.noise_reduction == "far_field"
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG's signature and IHDR (8-bit RGB) with no pixel data: what a header check sees."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def _image_item(raw: bytes, kind: str = "png") -> dict[str, object]:
+    import base64
+
+    url = f"data:image/{kind};base64," + base64.b64encode(raw).decode()
+    return {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_image", "image_url": url}],
+    }
+
+
+def test_an_image_is_judged_by_its_header_before_it_is_decoded() -> None:
+    """A 13,000 x 13,000 PNG of 219 KB decoded to 809 MB before; now its header refuses it."""
+    import io
+
+    from PIL import Image
+
+    with pytest.raises(ProtocolError) as e:
+        parse_item(_image_item(_png_header(13000, 13000)), PCM16)
+    assert e.value.code == "image_too_large" and "13000 x 13000" in str(e.value)
+    gif = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(gif, "GIF")
+    with pytest.raises(ProtocolError, match="formats taken"):
+        parse_item(_image_item(gif.getvalue(), "gif"), PCM16)
+    png = io.BytesIO()
+    Image.new("RGB", (2000, 1000), (200, 10, 10)).save(png, "PNG")
+    image = parse_item(_image_item(png.getvalue()), PCM16).parts[0].image
+    assert image is not None and image.shape == (640, 1280, 3)
