@@ -133,7 +133,10 @@ def measure(model: dict[str, Any], device: str, batch: int, steps: int) -> dict[
 
     rng = np.random.default_rng(0)
     tokens = 3 * steps + 8
-    thinker = ThinkerExecutor(context("thinker", model, device, batch, max_tokens=10**6))
+    # Small KV pools: the executors share one device here (and the default would give the
+    # thinker's most of what its weights leave free).
+    kv = {"kv_cache_gib": 2}
+    thinker = ThinkerExecutor(context("thinker", model, device, batch, max_tokens=10**6, **kv))
     cfg = thinker.cfg
     for i in range(batch):
         ids = prompt(cfg, 64, rng)
@@ -151,7 +154,7 @@ def measure(model: dict[str, Any], device: str, batch: int, steps: int) -> dict[
     while min(len(v) for v in speech.values()) < steps + 4:
         think()
 
-    params = {"temperature": 0.9, "top_k": 50, "max_frames": 10**6}
+    params = {"temperature": 0.9, "top_k": 50, "max_frames": 10**6, **kv}
     talker = TalkerExecutor(context("talker_ar", model, device, batch, **params))
     for i in range(batch):
         talker.add_request(f"r{i}", {"p": {"input_ids": prompt(cfg, 64, rng)}})

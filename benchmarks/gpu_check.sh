@@ -2,7 +2,9 @@
 # Every check that needs a GPU, in one run: the CUDA IPC tests, the transport benchmark with
 # its cuda_ipc row, and the batched stages on cuda:0 in bf16 (benchmarks/batch_steps.py: step
 # times at batch 1, 8 and 32 for the tiny model and for random weights at the real Qwen3-Omni
-# sizes; benchmarks/concurrency.py: first audio at 1, 4 and 16 streams, tiny model on cuda:0). Made for a lent GPU machine whose python3 has CUDA torch but cannot reach
+# sizes; benchmarks/concurrency.py: first audio at 1, 4 and 16 streams, tiny model on cuda:0;
+# benchmarks/kv_memory.py: the thinker's KV pool at the real sizes). Made for a lent GPU
+# machine whose python3 has CUDA torch but cannot reach
 # PyPI (see benchmarks/README.md, "GPU checks"):
 #
 #   benchmarks/gpu_check.sh wheels   here: the runtime's other packages as wheels in .whl/,
@@ -60,6 +62,10 @@ if [[ "${1:-}" == stages ]]; then
     done
     timeout 150 python3 benchmarks/concurrency.py --configs tiny --device cuda:0 --streams 1,4,16 \
         --json "$out/concurrency.json" 2>&1 | tee "$out/concurrency.txt" || status=1
+    # The thinker's KV pool at the real sizes, allocated on the device (about 4.3 GiB), with
+    # the decode attention's time at 32 rows.
+    timeout 60 python3 benchmarks/kv_memory.py --device cuda:0 --json "$out/kv_memory.json" \
+        2>&1 | tee "$out/kv_memory.txt" || status=1
     exit $status
 fi
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/integration/test_cuda_ipc.py \
