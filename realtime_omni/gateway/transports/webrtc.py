@@ -65,6 +65,10 @@ log = logging.getLogger(__name__)
 
 EVENTS_LABEL = "oai-events"
 MAX_OFFER_BYTES = 256 << 10  # a browser's audio+video offer is 5-20 KB
+MAX_MEDIA_SECTIONS = 8  # a browser's call offers 1-3: audio, video, the events channel
+# Each candidate an offer names gets STUN checks from this server: UDP to addresses of the
+# offerer's choosing. A browser names a few per interface.
+MAX_ICE_CANDIDATES = 32
 CONNECT_TIMEOUT_S = 30.0  # from the answer to `connected`; then the call is dropped
 MAX_BACKLOG = 256  # server events kept while the data channel is not open
 MAX_INBOX = 256  # client events received and not yet handled; more get an error
@@ -90,7 +94,17 @@ def _malformed(what: str, e: Exception) -> SignallingError:
 
 
 def check_offer(text: str) -> None:
-    """Refuse (400) an offer that aiortc would accept but that can never connect."""
+    """Refuse (400) an offer with more media sections or ICE candidates than a call needs
+    (counted before parsing: 800 m= lines held the event loop 0.4 s in aiortc's parser), and one
+    that aiortc would accept but that can never connect."""
+    lines = text.splitlines()
+    for prefix, limit, what, code in (
+        ("m=", MAX_MEDIA_SECTIONS, "media sections (m=)", "too_many_media_sections"),
+        ("a=candidate:", MAX_ICE_CANDIDATES, "ICE candidates", "too_many_ice_candidates"),
+    ):
+        n = sum(1 for line in lines if line.startswith(prefix))
+        if n > limit:
+            raise SignallingError(400, f"the offer has {n} {what}; at most {limit}", code)
     try:
         desc = aiortc_sdp.SessionDescription.parse(text)
     except Exception as e:  # aiortc's parser raises many types for many faults
@@ -127,8 +141,7 @@ class WebRtcCall:
 
     async def answer(self, sdp: str) -> str:
         """Apply the offer and return the answer, every ICE candidate in it. `SignallingError`
-        (400) for an offer that cannot be answered."""
-        check_offer(sdp)
+        (400) for an offer that cannot be answered (`check_offer` has passed it)."""
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as e:  # aiortc's parser raises many types for many faults
@@ -284,6 +297,7 @@ class WebRtcCalls:
         secret's, a call's) apply before `session.created`; `grant` asks for it. `SignallingError`
         on refusal; a refused or failed offer leaves nothing behind."""
         grant = grant or Grant("open")
+        check_offer(sdp)  # before a session, or a pending call's place, is spent on it
         while (refused := self.gw.refusal(grant)) is not None:
             # An offer that never connected (no ICE yet) yields its place to a new one of the
             # same grant, oldest first: unanswered POSTs cannot lock their own caller out for
