@@ -107,11 +107,22 @@ class ClientEvents:
 
     async def _append(self, ev: dict[str, Any]) -> None:
         audio = ev.get("audio")
+        fmt = self.settings.input_format
+        if isinstance(audio, str):  # its length, judged before any decoding
+            seconds = len(audio) * 3 // 4 / (2 if fmt.name == "pcm16" else 1) / fmt.rate_hz
+            credit = self.input_credit
+            if not credit.take(seconds, time.monotonic()):
+                raise ProtocolError(
+                    f"audio is coming faster than {credit.speed:g}x real time (after a first "
+                    f"{credit.burst_s:g} s): this append of {seconds:.1f} s was dropped; send "
+                    "audio about as fast as it is spoken",
+                    code="rate_limit_exceeded",
+                    param="audio",
+                )
         if isinstance(audio, str) and len(audio) > BIG_B64:  # megabytes: off the event loop
             data = await asyncio.to_thread(decode_b64, audio, "audio")
         else:
             data = decode_b64(audio, "audio")
-        fmt = self.settings.input_format
         pcm = fmt.decode(data)
         # Half a second at a time, yielding between: a long append's resampling never holds the
         # event loop (every other call's audio) for more than a fraction of a millisecond.

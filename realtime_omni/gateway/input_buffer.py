@@ -13,6 +13,32 @@ from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ
 
 MAX_INPUT_MS = 120_000  # older audio is dropped past this
+# Audio a client may send ahead of real time: one full-size append at once (8 MiB of base64
+# pcm16 is 125 s), then at most MAX_INPUT_SPEED x real time. More is refused, not queued: 750 s
+# of noise appended in 0.9 s cost about 20 s of the VAD's CPU.
+INPUT_BURST_S = 130.0
+MAX_INPUT_SPEED = 4.0
+
+
+class AudioCredit:
+    """Seconds of audio a client may still send now: `burst_s` at first, refilled at `speed`
+    seconds of audio per second of real time, never above `burst_s`. No clock of its own."""
+
+    def __init__(self, burst_s: float = INPUT_BURST_S, speed: float = MAX_INPUT_SPEED) -> None:
+        self.burst_s, self.speed = burst_s, speed
+        self.credit_s = burst_s
+        self._at: float | None = None
+
+    def take(self, seconds: float, now: float) -> bool:
+        """Spend `seconds` of credit at time `now` (monotonic s); False, spending nothing, when
+        there is not that much."""
+        if self._at is not None:
+            self.credit_s = min(self.burst_s, self.credit_s + (now - self._at) * self.speed)
+        self._at = now
+        if seconds > self.credit_s:
+            return False
+        self.credit_s -= seconds
+        return True
 
 
 class InputBuffer:

@@ -60,7 +60,7 @@ from realtime_omni.gateway.client_events import ClientEvents, _error
 from realtime_omni.gateway.conversation import MAX_BYTES, Conversation, Item, Part, new_id
 from realtime_omni.gateway.echo import EchoCanceller, EchoGate
 from realtime_omni.gateway.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
-from realtime_omni.gateway.input_buffer import InputBuffer
+from realtime_omni.gateway.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.playout import Playout, Read
 from realtime_omni.gateway.protocol import ProtocolError
 from realtime_omni.gateway.responses import Responses, _Response
@@ -175,6 +175,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._turn_item_id: str | None = None  # the user item a detected speech will become
         self._turn_start_ms = 0
         self.input = InputBuffer()
+        self.input_credit = AudioCredit()  # what `input_audio_buffer.append` may still send
         self._response: _Response | None = None
         self._last_response: str | None = None  # the id of the last response to finish
         self._item_response: dict[str, str] = {}  # item_id -> response id, while active

@@ -117,7 +117,7 @@ def test_text_counts_in_what_a_conversation_may_hold() -> None:
     """Before, only audio and images counted: 12 items of 7 MiB of text were all kept."""
     conv = Conversation(max_bytes=1 << 20)
     ids = []
-    for i in range(12):
+    for _ in range(12):
         item = Item(new_id("item"), "user", [Part("text", text="x" * (300 << 10))])
         conv.add(item)
         ids.append(item.id)

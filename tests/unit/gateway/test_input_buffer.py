@@ -1,6 +1,6 @@
 import numpy as np
 
-from realtime_omni.gateway.input_buffer import InputBuffer
+from realtime_omni.gateway.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ
 
 
@@ -32,3 +32,13 @@ def test_old_audio_is_dropped_past_the_limit() -> None:
     assert buf.end == 8000
     assert buf.end - buf.start <= 1600 + 800  # whole chunks go: at most one chunk over
     assert len(buf.slice(0, buf.end)) == buf.end - buf.start
+
+
+def test_audio_credit_allows_a_burst_then_a_multiple_of_real_time() -> None:
+    c = AudioCredit(burst_s=10.0, speed=4.0)
+    assert c.take(8.0, now=100.0) and not c.take(3.0, now=100.0)  # 2 s left
+    assert c.take(2.0, now=100.0)
+    assert not c.take(4.5, now=101.0) and c.take(4.0, now=101.0)  # 1 s: 4 s of audio
+    assert not c.take(0.1, now=101.0)
+    assert c.take(10.0, now=200.0) and not c.take(0.1, now=200.0)  # never above the burst
+    assert not AudioCredit().take(750.0, now=0.0)  # 750 s of noise at once

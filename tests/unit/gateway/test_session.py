@@ -472,6 +472,30 @@ def test_an_event_that_fails_on_a_bug_tells_the_client_so_without_pythons_words(
     run(body())
 
 
+def test_audio_appended_faster_than_real_time_past_a_burst_is_refused_not_queued() -> None:
+    import base64
+
+    from realtime_omni.gateway.input_buffer import AudioCredit
+
+    one_s = base64.b64encode(np.zeros(24000, np.int16).tobytes()).decode()  # pcm16, 24 kHz
+    append = json.dumps({"type": "input_audio_buffer.append", "audio": one_s})
+
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1))
+        s.input_credit = AudioCredit(burst_s=2.0, speed=4.0)
+        assert await s.handle_text(append, 1 << 20) is None
+        assert await s.handle_text(append, 1 << 20) is None
+        held = s.input.end
+        err = await s.handle_text(append, 1 << 20)
+        assert err is not None and err["error"]["code"] == "rate_limit_exceeded"
+        assert "4x real time" in err["error"]["message"] and s.input.end == held  # not queued
+        await asyncio.sleep(0.3)  # 1.2 s of audio's credit
+        assert await s.handle_text(append, 1 << 20) is None and s.input.end > held
+        await s.close()
+
+    run(body())
+
+
 class BadStream(FakeStream):
     """An output the session's own handling breaks on (not an OmniError)."""
 
