@@ -386,6 +386,11 @@ async def serve(
             "pass another --port"
         ) from None
     cfg = secure(config or GatewayConfig(), host)
+    if cfg.bind_host in ("0.0.0.0", "::") and not cfg.realtime.allowed_hosts:
+        log.warning(
+            "listening on every interface, but answering only to loopback's Host names: list "
+            "the names clients reach this server by in realtime.allowed_hosts"
+        )
     app = create_app(pipeline, cfg)
     server = _DrainingServer(
         app.state.gateway,
