@@ -5,7 +5,8 @@ audio, thinker token -> its audio leaving, barge-in -> silence, abort acknowledg
 from the stage processes' own logs at each scrape: step time and batch size (histograms of the
 steps made since the previous scrape, of the last 512 a stage keeps) and the steps' CPU time (a
 counter: below the step time's sum when the stages wait for the cores), requests held; per edge,
-credits in use; per stage with a KV cache, its pool's blocks in use and in all and the kept
+credits in use and messages waiting (received, not yet taken by the stage; emitted, not yet sent
+for want of credit); per stage with a KV cache, its pool's blocks in use and in all and the kept
 sessions evicted for room (since each process started); per process, restarts; per transport,
 live sessions; WebRTC output frames sent and late. A stage that makes more than 512 steps between
 two scrapes loses the oldest from its histograms (scrape every few seconds).
@@ -53,6 +54,11 @@ class Exporter:
         )  # fmt: skip
         self.held = Gauge("rto_stage_requests", "Requests holding state", ["stage"], registry=r)
         self.slots = Gauge("rto_edge_slots_in_use", "Credits lent on an edge", ["edge"], registry=r)
+        self.queued = Gauge(
+            "rto_edge_queued", "Messages waiting on an edge: side=in, received and not yet taken "
+            "by its stage; side=out, emitted and not yet sent for want of credit",
+            ["edge", "side"], registry=r,
+        )  # fmt: skip
         self.kv_used = Gauge(
             "rto_kv_blocks_in_use", "KV cache blocks held by requests and kept sessions",
             ["stage"], registry=r,
@@ -86,7 +92,11 @@ class Exporter:
         held: dict[str, int] = {}
         used: dict[str, int] = {}
         kv: dict[str, list[int]] = {}
+        queued: dict[tuple[str, str], int] = {}
         for process, st in stats.items():
+            for side, counts in (("in", st.queued_in), ("out", st.queued_out)):
+                for edge, n in counts.items():
+                    queued[edge, side] = queued.get((edge, side), 0) + n
             for stage, counts in st.kv.items():
                 kv[stage] = [a + b for a, b in zip(kv.get(stage, [0, 0, 0]), counts, strict=True)]
             for stage, log in st.steps.items():
@@ -110,6 +120,8 @@ class Exporter:
             self.held.labels(stage).set(n)
         for edge, n in used.items():
             self.slots.labels(edge).set(n)
+        for (edge, side), n in queued.items():
+            self.queued.labels(edge, side).set(n)
         for stage, (in_use, total, evicted) in kv.items():
             self.kv_used.labels(stage).set(in_use)
             self.kv_total.labels(stage).set(total)

@@ -157,6 +157,10 @@ class Stats(_Message):
     step_cpu: dict[str, list[float]] = msgspec.field(default_factory=dict)
     # stage -> its KV pool: (blocks in use, blocks in all, kept sessions evicted since start)
     kv: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
+    # "src->dst" -> messages waiting: received, not yet taken by the stage (`queued_in`), and
+    # emitted, not yet sent for want of credit (`queued_out`)
+    queued_in: dict[str, int] = msgspec.field(default_factory=dict)
+    queued_out: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Shutdown(_Message):

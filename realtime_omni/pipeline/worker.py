@@ -615,7 +615,28 @@ class Worker:
             batches={n: list(log) for n, log in self.batch_log.items()},
             step_cpu={n: list(log) for n, log in self.cpu_log.items()},
             kv={n: s.executor.kv_stats() for n, s in self.stages.items() if _has_kv(s.executor)},
+            queued_in=self._queued_in(),
+            queued_out=self._queued_out(),
         )
+
+    def _queued_in(self) -> dict[str, int]:
+        """Per input edge, deliveries waiting for their stage."""
+        counts: dict[str, int] = {}
+        for stage, box in self.inbound.items():
+            for item in box:
+                key = f"{item.src}->{stage}"
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _queued_out(self) -> dict[str, int]:
+        """Per output edge, outputs waiting for credit."""
+        counts = {o.edge.key: 0 for o in self.outlets.values()}
+        for boxes in self.outbox.values():
+            for box in boxes.values():
+                for out in box:
+                    if out.edge is not None:
+                        counts[out.edge.key] = counts.get(out.edge.key, 0) + 1
+        return counts
 
     def close(self) -> None:
         for outlet in self.outlets.values():

@@ -132,6 +132,7 @@ def test_speech_in_audio_back_and_events(server: str, speech48: np.ndarray) -> N
                 assert 0 <= cpu <= metrics[f'rto_stage_step_seconds_sum{{stage="{stage}"}}']
             assert metrics['rto_sessions{transport="webrtc"}'] == 1
             assert 'rto_edge_slots_in_use{edge="thinker->talker_ar"}' in metrics
+            assert 'rto_edge_queued{edge="talker_ar->code2wav",side="out"}' in metrics
             assert metrics["rto_webrtc_frames_total"] > 0
             assert (await asyncio.to_thread(http, "GET", f"{server}/readyz"))[0] == 200
         finally:

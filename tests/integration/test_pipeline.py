@@ -135,6 +135,10 @@ def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:
             assert any(thinker.free_slots[k] < thinker.total_slots[k] for k in thinker.free_slots)
             text_to_client = coord.graph.edge("decode", "client").request_slots
             assert stream._queue.qsize() <= to_client + text_to_client
+            # What waits is counted: code2wav's next chunk for want of credit, and the talker's
+            # frames it holds unacknowledged (its inputs, not taken while it is held).
+            assert stats["code2wav#0"].queued_out["code2wav->client"] >= 1
+            assert stats["code2wav#0"].queued_in["talker_ar->code2wav"] >= 1
             await asyncio.sleep(timeout(1.0))
             stats2 = await coord.stats()
             assert stats2["thinker#0"].free_slots == stats["thinker#0"].free_slots
@@ -145,6 +149,9 @@ def test_slow_consumer_makes_the_senders_wait_with_flat_memory() -> None:
                 count += 1
             assert count == 400 + 1 + (800 - 1 + 3) // 4
             await all_slots_free(coord)
+            done = await coord.stats()
+            assert not any(n for st in done.values() for n in st.queued_in.values())
+            assert not any(n for st in done.values() for n in st.queued_out.values())
 
     run(body())
 
