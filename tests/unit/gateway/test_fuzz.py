@@ -54,6 +54,7 @@ def json_bodies(sdp: str) -> list[Any]:
         {"session": "x"},
         {"session": []},
         {"session": {"audio": {"input": "x"}}},
+        {"session": {"audio": {"input": "format, turn_detection"}, "output": "voice"}},
         {"session": {"audio": {"output": 5, "input": [1]}}},
         {"session": {"audio": "x"}},
         {"session": {"tools": [{"type": "function", "name": "f", "parameters": deep(60)}]}},
@@ -154,8 +155,9 @@ def test_the_http_routes_never_answer_500_nor_say_pythons_words(
             kind = rng.choice(["application/json", "application/sdp", "text/plain", ""])
             cases.append((method, path, body, {**auth, "Content-Type": kind}))
         for session in (b"[" * 5000, b'{"audio": {"input": "x"}}', b'"x"', b"\xff"):
-            body, kind = multipart(sdp, session, rng.choice(["b0undary", "x" * 69, "é"]))
-            cases.append((method, path, body, {**auth, "Content-Type": kind}))
+            for boundary in ("b0undary", rng.choice(["x" * 69, "é", "a b"])):
+                body, kind = multipart(sdp, session, boundary)
+                cases.append((method, path, body, {**auth, "Content-Type": kind}))
         for headers in HEADERS:
             cases.append((method, path, b"{}", headers))
         for query in QUERIES:
