@@ -19,7 +19,11 @@ audio. `dtmf` goes to the session as an event. A call with neither speech nor an
 `idle_timeout_s` gets a short goodbye, then the WebSocket closes (the provider ends the call).
 
 Bad input (not JSON, an unknown event, bad base64, `media` before `start`, a second `start`) is
-logged and dropped; the call goes on.
+logged and dropped; the call goes on. Before `start` a stream has shown no token (Twilio's comes
+in it): at most `phone.max_pending_streams` such streams wait at once, and a message larger
+than `phone.max_start_bytes` ends one. The voice webhook's body is read up to
+`MAX_WEBHOOK_BYTES`, and with the account's auth token set (`phone.twilio_auth_token_env`) only
+a request Twilio signed (`X-Twilio-Signature`) is answered.
 """
 
 from __future__ import annotations
