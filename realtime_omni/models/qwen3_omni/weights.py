@@ -2,14 +2,17 @@
 
 `model_dir(model)` resolves the config's `model` section: `model.path` names a local checkpoint
 directory (the published Qwen3-Omni layout: `config.json` and safetensors shards); without it,
-`model.tiny_seed` selects the tiny random-weight model, built on first use into `model.cache_dir`
-(default `.cache/tiny-qwen3-omni-<seed>` under the repository root). Nothing is downloaded.
+`model.tiny_seed` selects the tiny random-weight model (tiny.py) and `model.real_width_seed` the
+random-weight model at the published widths with 2 layers per stack (real_width.py), each built
+on first use into `model.cache_dir` (default under `.cache/` in the repository root) in the
+published layout, and read from there as a checkpoint is. Nothing is downloaded.
 
 `load_part(dir, part, device, dtype)` builds one part's module with its parameters on the meta
 device, reads only the tensors whose checkpoint keys start with the part's prefix (a progress bar
-counts them), converts them the way transformers does for the full model (prefix renames, MoE
-experts fused layer by layer on the host as they are read) and assigns them. Buffers are
-computed at construction and moved to the device.
+counts them) into place, converting them the way transformers does for the full model (prefix
+renames, MoE experts fused: each expert read into its slot of the layer's fused tensors), and
+assigns them: loading holds the part and one tensor more, never a copy of it (`_read`). Buffers
+are computed at construction and moved to the device.
 """
 
 from __future__ import annotations
@@ -44,11 +47,16 @@ def model_dir(model: dict[str, Any]) -> Path:
                 f"and model*.safetensors in it). Fix: {fix}"
             )
         return d
+    if model.get("real_width_seed") is not None:
+        from realtime_omni.models.qwen3_omni.real_width import ensure_real_width
+
+        return ensure_real_width(int(model["real_width_seed"]), model.get("cache_dir"))
     seed = model.get("tiny_seed")
     if seed is None:
         raise ConfigError(
             "model.path is not set and neither is model.tiny_seed. Fix: set model.path to a "
-            "local Qwen3-Omni checkpoint directory, or model.tiny_seed: 0 for the tiny model"
+            "local Qwen3-Omni checkpoint directory, or model.tiny_seed: 0 for the tiny model "
+            "(model.real_width_seed: 0 for the real widths at 2 layers a stack)"
         )
     from realtime_omni.models.qwen3_omni.tiny import ensure_tiny
 
@@ -163,11 +171,15 @@ def _shards(d: Path) -> list[Path]:
 def _read(d: Path, prefix: str, skip: tuple[str, ...], device: str, dtype: Any, part: str) -> dict:
     """The part's tensors under module keys, converted as transformers converts them for the
     full model (prefix renames; each MoE layer's per-expert projections fused into
-    `gate_up_proj` and `down_proj`). Experts are gathered on the host and fused layer by
-    layer as soon as a layer's last one is read, then moved to `device`: the device never holds
-    the unfused copy, the host at most one layer of it (Qwen3-Omni-30B-A3B: ~0.4 GB a thinker
-    layer against ~60 GB of fused experts)."""
-    from safetensors import safe_open
+    `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]).
+
+    Read into place: a layer's fused tensors are allocated when its first expert is read and
+    each expert is read into its slot; every other tensor is read into a tensor of its own.
+    Shards are read with plain reads, not mapped (a mapped shard's pages count in the process's
+    RSS while it is open: up to a whole shard, ~4 GB in the published checkpoint), so loading
+    holds the part plus at most one tensor (one staging copy where the device or dtype
+    differs from the checkpoint's). benchmarks/real_width.py measures it."""
+    import torch
     from tqdm import tqdm
 
     def module_key(key: str) -> str:
@@ -176,52 +188,120 @@ def _read(d: Path, prefix: str, skip: tuple[str, ...], device: str, dtype: Any, 
             k = "model.language_model." + k[len("model.") :]
         return k
 
-    def convert(t: Any, to: str) -> Any:
-        return t.to(device=to, dtype=dtype if t.is_floating_point() else None)
-
-    shards = _shards(d)
+    shards = {shard: _Shard(shard) for shard in _shards(d)}
     keys: dict[Path, list[str]] = {}
-    layer_size: dict[str, int] = {}  # expert tensors per fused layer
-    for shard in shards:
-        with safe_open(str(shard), "pt", device="cpu") as f:
-            keys[shard] = [k for k in f.keys() if k.startswith(prefix) and not k.startswith(skip)]  # noqa: SIM118
-        for key in keys[shard]:
+    expected: dict[str, int] = {}  # expert tensors per fused layer
+    experts: dict[str, int] = {}  # experts per fused layer
+    for path, shard in shards.items():
+        keys[path] = [k for k in shard.names() if k.startswith(prefix) and not k.startswith(skip)]
+        for key in keys[path]:
             if hit := _EXPERT.match(module_key(key)):
-                layer_size[hit[1]] = layer_size.get(hit[1], 0) + 1
-    out: dict = {}
-    pending: dict[str, dict[tuple[str, int], Any]] = {}
-    with tqdm(desc=f"loading {part}", unit=" tensors", leave=False) as bar:
-        for shard in shards:
-            with safe_open(str(shard), "pt", device="cpu") as f:
-                for key in keys[shard]:
-                    k = module_key(key)
-                    hit = _EXPERT.match(k)
-                    if hit is None:
-                        out[k] = convert(f.get_tensor(key), device)
-                    else:
-                        layer = pending.setdefault(hit[1], {})
-                        layer[(hit[3], int(hit[2]))] = convert(f.get_tensor(key), "cpu")
-                        if len(layer) == layer_size[hit[1]]:
-                            out.update(_fuse(hit[1], pending.pop(hit[1]), device))
-                    bar.update()
-    if pending:
+                expected[hit[1]] = expected.get(hit[1], 0) + 1
+                experts[hit[1]] = max(experts.get(hit[1], 0), int(hit[2]) + 1)
+    incomplete = sorted(b for b, n in expected.items() if n != len(_PROJ) * experts[b])
+    if incomplete:
         raise ConfigError(
-            f"model.path = {str(d)!r}: the experts of {sorted(pending)[:2]} are incomplete. "
+            f"model.path = {str(d)!r}: the experts of {incomplete[:2]} are incomplete. "
             "Fix: point model.path at a complete Qwen3-Omni checkpoint"
         )
+    out: dict = {}
+    fused: dict[str, dict[str, Any]] = {}  # layer -> its fused tensors while being filled
+    filled: dict[str, int] = {}
+    with tqdm(desc=f"loading {part}", unit=" tensors", leave=False) as bar:
+        for path, shard in shards.items():
+            with shard:
+                for key in keys[path]:
+                    k = module_key(key)
+                    hit = _EXPERT.match(k)
+                    bar.update()
+                    if hit is None:
+                        out[k] = shard.read(key, device, dtype)
+                        continue
+                    base, e, proj = hit[1], int(hit[2]), hit[3]
+                    rows, cols = shard.shape(key)
+                    layer = fused.setdefault(base, {})
+                    name = "down_proj" if proj == "down_proj" else "gate_up_proj"
+                    if name not in layer:
+                        per_expert = rows if name == "down_proj" else 2 * rows
+                        shape = (experts[base], per_expert, cols)
+                        layer[name] = torch.empty(shape, dtype=dtype, device=device)
+                    slot = layer[name][e]
+                    if proj == "gate_proj":
+                        slot = slot[:rows]
+                    elif proj == "up_proj":
+                        slot = slot[rows:]
+                    shard.read_into(key, slot)
+                    filled[base] = filled.get(base, 0) + 1
+                    if filled[base] == expected[base]:
+                        out.update({f"{base}.{n}": v for n, v in fused.pop(base).items()})
     return out
 
 
-def _fuse(base: str, experts: dict[tuple[str, int], Any], device: str) -> dict:
-    """One MoE layer's experts as the fused module keys: gate and up stacked and joined."""
-    import torch
+class _Shard:
+    """One safetensors file, read tensor by tensor with plain reads into memory the caller
+    keeps (see `_read`). Use as a context manager around the reads."""
 
-    n = 1 + max(i for _, i in experts)
-    stack = {p: torch.stack([experts.pop((p, i)) for i in range(n)]) for p in _PROJ}
-    return {
-        base + ".gate_up_proj": torch.cat([stack["gate_proj"], stack["up_proj"]], dim=1).to(device),
-        base + ".down_proj": stack["down_proj"].to(device),
-    }
+    _DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+               "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+               "BOOL": "bool"}  # fmt: skip
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            self.entries: dict[str, Any] = json.loads(f.read(n))
+        self.entries.pop("__metadata__", None)
+        self.base = 8 + n
+        self._file: Any = None
+
+    def __enter__(self) -> _Shard:
+        self._file = self.path.open("rb", buffering=0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+        self._file = None
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def shape(self, key: str) -> list[int]:
+        return list(self.entries[key]["shape"])
+
+    def read(self, key: str, device: str, dtype: Any) -> Any:
+        """The tensor, floating point ones in `dtype`, on `device`."""
+        import torch
+
+        entry = self.entries[key]
+        stored = getattr(torch, self._DTYPES[entry["dtype"]])
+        want = dtype if stored.is_floating_point else stored
+        on_host = torch.device(device).type == "cpu"
+        t = torch.empty(entry["shape"], dtype=want if on_host else stored)
+        self.read_into(key, t)
+        return t if on_host else t.to(device=device, dtype=want)
+
+    def read_into(self, key: str, out: Any) -> None:
+        """Read the tensor into `out` (its shape; any dtype and device: converted on the way
+        through a host copy where `out` is not a contiguous host tensor of the stored dtype)."""
+        import torch
+
+        entry = self.entries[key]
+        stored = getattr(torch, self._DTYPES[entry["dtype"]])
+        direct = out.dtype == stored and out.device.type == "cpu" and out.is_contiguous()
+        dst = out if direct else torch.empty(entry["shape"], dtype=stored)
+        start, end = entry["data_offsets"]
+        buf = dst.reshape(-1).view(torch.uint8).numpy()
+        if len(buf) != end - start or list(dst.shape) != list(entry["shape"]):
+            raise ConfigError(f"{self.path}: tensor {key!r} does not have the size its header says")
+        self._file.seek(self.base + start)
+        done = 0
+        while done < len(buf):
+            n = self._file.readinto(buf[done:])
+            if not n:
+                raise ConfigError(f"{self.path}: truncated at tensor {key!r}")
+            done += n
+        if not direct:
+            out.copy_(dst)
 
 
 _PROJ = ("gate_proj", "up_proj", "down_proj")
