@@ -1,5 +1,5 @@
-"""Fixtures for the model tests: the tiny checkpoint (built once per machine, cached under
-`.cache/`) and one pipeline of real stage processes shared by a module's tests."""
+"""Fixtures for the model tests: the tiny and real-width checkpoints (built once per machine,
+cached under `.cache/`) and one pipeline of real stage processes shared by a module's tests."""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ def tiny_dir() -> Path:
     from realtime_omni.models.qwen3_omni.tiny import ensure_tiny
 
     return ensure_tiny(SEED)
+
+
+@pytest.fixture(scope="session")
+def real_width_dir() -> Path:
+    """The real-width model (real_width.py), built once per machine (~25 s, 5.2 GB)."""
+    from realtime_omni.models.qwen3_omni.real_width import ensure_real_width
+
+    return ensure_real_width(SEED)
 
 
 def tiny_config(**params: dict[str, Any]) -> dict[str, Any]:

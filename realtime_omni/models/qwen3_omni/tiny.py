@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,16 @@ def ensure_tiny(seed: int, cache_dir: str | os.PathLike[str] | None = None) -> P
     Safe to call from several processes at once: one builds (under a file lock, into a temporary
     directory renamed into place), the others wait and reuse it.
     """
+    out = Path(cache_dir) if cache_dir else default_dir(seed)
+    return ensure_built(out, lambda tmp: build_tiny(seed, tmp))
+
+
+def ensure_built(out: Path, build: Callable[[Path], object]) -> Path:
+    """`out`, built by `build(tmp)` into a temporary sibling renamed into place unless it is
+    complete already (`build` writes MARKER last); a file lock makes concurrent callers wait
+    for one build instead of repeating it."""
     from filelock import FileLock
 
-    out = Path(cache_dir) if cache_dir else default_dir(seed)
     if (out / MARKER).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +126,7 @@ def ensure_tiny(seed: int, cache_dir: str | os.PathLike[str] | None = None) -> P
             return out
         tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
         try:
-            build_tiny(seed, tmp)
+            build(tmp)
             if out.exists():  # a half-built leftover without its marker
                 shutil.rmtree(out)
             os.replace(tmp, out)
@@ -237,9 +245,13 @@ def build_config(tokenizer: Any) -> Any:
     return cfg
 
 
-def build_tokenizer() -> Any:
+def build_tokenizer(
+    special_ids: dict[str, int] | None = None, word_ids: dict[str, int] | None = None
+) -> Any:
     """Byte-level BPE: the 256 byte symbols, merges that make WORDS single tokens, and the
-    special tokens at their tiny ids, wrapped as a `PreTrainedTokenizerFast`."""
+    special tokens at `special_ids` (default: their tiny ids), wrapped as a
+    `PreTrainedTokenizerFast`. `word_ids` moves some of WORDS to given ids (the real
+    checkpoint's role words) out of the ids the merges gave them."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -254,8 +266,12 @@ def build_tokenizer() -> Any:
                 merges.append((cur, ch))
                 vocab[cur + ch] = len(vocab)
             cur += ch
-    assert len(vocab) < SPECIAL_BASE
-    vocab.update(IDS)
+    for word, i in (word_ids or {}).items():
+        vocab[word] = i
+    special_ids = special_ids or IDS
+    assert max(vocab.values()) < min(special_ids.values())
+    assert len(set(vocab.values())) == len(vocab)
+    vocab.update(special_ids)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
