@@ -205,7 +205,7 @@ class ClientEvents:
             self.conversation.delete(ev.get("item_id"))  # type: ignore[arg-type]
         except KeyError:
             raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
-        self._emit("conversation.item.deleted", item_id=ev["item_id"])
+        self._deleted(ev["item_id"])
 
     async def _item_retrieve(self, ev: dict[str, Any]) -> None:
         try:

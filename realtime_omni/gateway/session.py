@@ -183,6 +183,9 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._video: np.ndarray | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._transcribe_lock = asyncio.Lock()  # one input transcription at a time
+        # item_id -> its transcription, queued or running: one per user audio item still in
+        # the conversation (deleting the item cancels it), so their audio is the items' own.
+        self._transcriptions: dict[str, asyncio.Task[None]] = {}
         self._idle: asyncio.TimerHandle | None = None  # turn_detection.idle_timeout_ms's timer
         self._closed = False
 
@@ -520,8 +523,14 @@ class Session(ClientEvents, Responses, Transcriptions):
     def _announce_dropped(self) -> None:
         """Tell the client of every item the conversation's bounds or truncation deleted."""
         for item_id in self.conversation.take_dropped():
-            self._item_response.pop(item_id, None)
-            self._emit("conversation.item.deleted", item_id=item_id)
+            self._deleted(item_id)
+
+    def _deleted(self, item_id: str) -> None:
+        """An item left the conversation: nothing of the session works on it any longer (its
+        transcription is cancelled, releasing its audio), and the client is told."""
+        self._item_response.pop(item_id, None)
+        self._cancel_transcription(item_id)
+        self._emit("conversation.item.deleted", item_id=item_id)
 
     def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
         item = Item(item_id, "user", [Part("audio", audio=pcm)])
@@ -590,10 +599,11 @@ class Session(ClientEvents, Responses, Transcriptions):
         if self.on_flush is not None:
             self.on_flush()
 
-    def _track(self, coro: Any) -> None:
+    def _track(self, coro: Any) -> asyncio.Task[Any]:
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     # ---- camera ------------------------------------------------------------------------
 

@@ -8,6 +8,9 @@ thinker, decode; text only, so the talker and code2wav do nothing), with no seco
 load, place and keep in memory. It is low-priority work: a transcription waits until the
 answer to its turn has sent its first audio (or ended), so it never delays the first audio it
 would compete with in the thinker's prefill, and a session runs one transcription at a time.
+A transcription lives only as long as its item: an item deleted or dropped by the session's
+bounds cancels its transcription, queued or running (aborted in the stages), so the audio that
+queued transcriptions hold is always audio `max_session_bytes` counts in the conversation.
 The session's `transcription.language` and `prompt` are put to the thinker as hints; `model`
 is kept and shown, not used. Mixed into `Session` (as `responses.py`): the state is the
 session's.
@@ -40,7 +43,16 @@ class Transcriptions:
             and item.parts
             and item.parts[0].audio is not None
         ):
-            self._track(self._transcribe(item))
+            item_id = item.id  # not the item: the callback outlives the task
+            t = self._transcriptions[item_id] = self._track(self._transcribe(item))
+            t.add_done_callback(lambda _: self._transcriptions.pop(item_id, None))
+
+    def _cancel_transcription(self, item_id: str) -> None:
+        """The item left the conversation: its transcription, if any, stops (no event: the
+        client is told the item was deleted) and lets go of its audio."""
+        t = self._transcriptions.pop(item_id, None)
+        if t is not None:
+            t.cancel()
 
     async def _transcribe(self, item: Item) -> None:
         async with self._transcribe_lock:  # one at a time per session, in turn order

@@ -1,8 +1,10 @@
 """The session against a fake pipeline: turns, lead limit, barge-in, cancel, truncate."""
 
 import asyncio
+import gc
 import json
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -752,3 +754,56 @@ def test_the_echo_gate_hears_what_is_read_out_and_no_padding(pad: bool) -> None:
         assert s._gate._slots  # the gate keeps the energies it was told
 
     run(asyncio.wait_for(main(), 10))
+
+
+class ForgetfulCoord(FakeCoord):
+    """Keeps no payload: what holds a request's audio is the session alone."""
+
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
+        stream = await super().submit(payload, request_id)
+        self.payloads.clear()
+        return stream
+
+
+@pytest.mark.parametrize("how", ["deleted", "dropped"])
+def test_an_item_that_leaves_the_conversation_stops_its_transcription_and_its_audio(
+    how: str,
+) -> None:
+    """Before, each committed turn's transcription (one at a time, behind the answer) held its
+    item's audio until it ran, after the client deleted the item or the session's bound dropped
+    it: the audio a session held was past `max_session_bytes`."""
+
+    async def body() -> None:
+        coord = ForgetfulCoord(chunks=100_000, gap_s=0.05)  # a transcription that never ends
+        s = Session(coord, max_session_bytes=100_000)
+        td = {"audio": {"input": {"transcription": {"model": "whisper-1"}}}}
+        await s.handle({"type": "session.update", "session": {"turn_detection": None, **td}})
+        audio: list[weakref.ref[np.ndarray]] = []
+        for _ in range(3):  # 25,600 B each at 16 kHz: all three fit
+            s.push_audio(np.full(9600, 0.1, np.float32), 24000)
+            await s.handle({"type": "input_audio_buffer.commit"})
+            audio.append(weakref.ref(s.conversation.items[-1].parts[0].audio))  # type: ignore[arg-type]
+        first, *queued = [it.id for it in s.conversation.items]
+        await settle(s, lambda: len(coord.streams) == 1)  # the first runs, two wait their turn
+        rid = next(iter(coord.streams))
+        if how == "deleted":
+            for item_id in [first, *queued]:
+                await s.handle({"type": "conversation.item.delete", "item_id": item_id})
+        else:  # three more items push the first three out of the session's 100,000 B
+            for _ in range(3):
+                s.push_audio(np.full(9600, 0.1, np.float32), 24000)
+                await s.handle({"type": "input_audio_buffer.commit"})
+        deleted = [e["item_id"] for e in s.pending_events() if e["type"].endswith("item.deleted")]
+        assert deleted == [first, *queued]
+        await settle(s, lambda: rid in coord.aborted)  # the running one stopped in the stages
+        assert coord.streams[rid].closed
+
+        def released() -> bool:
+            gc.collect()
+            return all(a() is None for a in audio)
+
+        await settle(s, released)
+        assert len(coord.streams) == (1 if how == "deleted" else 2)  # none ran for a gone item
+        await s.close()
+
+    run(body())
