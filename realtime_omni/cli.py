@@ -86,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         "second SIGTERM or SIGINT: at once too)",
     )
     serve.add_argument(
+        "--drain-media-timeout-s",
+        type=float,
+        default=3.0,
+        help="in a drain, a WebRTC call whose caller has sent no audio for this many seconds "
+        "(a peer gone without hanging up) ends at once instead of holding the drain (0: never)",
+    )
+    serve.add_argument(
         "--allow-no-auth",
         action="store_true",
         help="serve a non-loopback --host without API keys (REALTIME_OMNI_API_KEYS unset): only "
@@ -167,6 +174,7 @@ def _serve(args: argparse.Namespace) -> int:
         allow_no_auth=args.allow_no_auth,
         generate_api_key=args.generate_api_key,
         drain_s=args.drain_s,
+        drain_media_timeout_s=args.drain_media_timeout_s,
     )
     aio.run(serve(server.pipeline, args.host, args.port, gw), args.loop)
     return 0

@@ -394,6 +394,7 @@ async def serve(
     app = create_app(pipeline, cfg)
     server = _DrainingServer(
         app.state.gateway,
+        app.state.webrtc,
         cfg.drain_s,
         uvicorn.Config(
             app,
@@ -431,13 +432,16 @@ async def serve(
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server, with SIGTERM draining first: `/readyz` answers 503 and new sessions
     are refused at once (`Gateway.refusal`); live sessions go on until they end or `drain_s`
-    passes; then the usual shutdown ends what is left (WebSockets closed, WebRTC and phone calls
-    hung up, the stages stopped) and the process exits. SIGINT, or a second SIGTERM, shuts down
-    at once, as uvicorn does."""
+    passes (a WebRTC call whose caller's audio stopped `drain_media_timeout_s` ago ends at once:
+    its peer is gone); then the usual shutdown ends what is left (WebSockets closed, WebRTC and
+    phone calls hung up, the stages stopped) and the process exits. SIGINT, or a second SIGTERM,
+    shuts down at once, as uvicorn does."""
 
-    def __init__(self, gw: Gateway, drain_s: float, config: uvicorn.Config) -> None:
+    def __init__(
+        self, gw: Gateway, calls: WebRtcCalls, drain_s: float, config: uvicorn.Config
+    ) -> None:
         super().__init__(config)
-        self.gw, self.drain_s = gw, drain_s
+        self.gw, self.calls, self.drain_s = gw, calls, drain_s
         self.loop: asyncio.AbstractEventLoop | None = None  # set once serving
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -458,7 +462,10 @@ class _DrainingServer(uvicorn.Server):
             flush=True,
         )
         deadline = time.monotonic() + self.drain_s
+        quiet_s = self.gw.config.drain_media_timeout_s
         while self.gw.sessions and time.monotonic() < deadline and not self.should_exit:
+            if quiet_s > 0:
+                self.calls.end_silent(quiet_s)
             await asyncio.sleep(0.1)
         if self.gw.sessions:
             log.warning(

@@ -249,6 +249,12 @@ class GatewayConfig:
     # SIGTERM: /readyz 503 and new sessions refused at once, live ones go on up to this many
     # seconds, then end and the process exits (`app.serve`); 0: end them at once.
     drain_s: float = 25.0
+    # In a drain, a WebRTC call whose caller has sent no audio for this many seconds ends at
+    # once instead of holding the drain: its peer vanished without hanging up, and ICE takes
+    # ~30 s to say so. A caller sends a packet every 20 ms (every 400 ms in Opus DTX's
+    # silence, and a muted browser track sends silence), so 3 s is no pause of a live call.
+    # A call that sends no audio (events only) is not judged. 0: none is ended early.
+    drain_media_timeout_s: float = 3.0
     # Every server event sent, one JSON line each, audio left out (`event_log.py`); None: off.
     event_log: str | None = None
 

@@ -1,6 +1,6 @@
 """SIGTERM drains: `/readyz` turns 503 at once, new sessions are refused with a clear error, a
 live call goes on to its end, then the process exits; a call that outlives `--drain-s` is ended
-at the deadline."""
+at the deadline; a WebRTC call whose peer vanished does not hold the drain."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import websockets
 
+from realtime_omni.clients.webrtc import Caller
 from tests.conftest import ROOT, run, timeout
 from tests.e2e.conftest import _free_port
 from tests.e2e.test_realtime_ws import connect, send_audio, short_answers, until
@@ -113,4 +114,61 @@ def test_a_call_past_the_drain_deadline_is_ended_and_the_process_exits() -> None
     assert 1.8 < t_closed < 12, t_closed  # held to the deadline, not ended at once
     assert close_code == 1012, close_code  # "service restart": the server went away cleanly
     assert code in (0, -signal.SIGTERM)
+    assert shm_left(proc.pid) == []
+
+
+def vanish(caller: Caller) -> None:
+    """The caller's machine drops off the network: its UDP sockets close under aiortc, so the
+    server gets no DTLS close_notify, no SCTP ABORT, no hang-up, only silence."""
+    ice = {t.sender.transport.transport for t in caller.pc.getTransceivers()}
+    if caller.pc.sctp is not None:
+        ice.add(caller.pc.sctp.transport.transport)
+    for transport in ice:
+        for protocol in transport._connection._protocols:
+            protocol.transport.abort()
+
+
+def live_sessions(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/healthz", timeout=5) as r:
+        return int(json.loads(r.read())["sessions"])
+
+
+def test_a_webrtc_peer_that_vanished_does_not_hold_the_drain() -> None:
+    """Before, a server whose WebRTC peer had vanished without hanging up waited out the drain
+    (or ICE's ~30 s to declare the peer gone) on SIGTERM. A call whose audio stopped for
+    `--drain-media-timeout-s` (3 s) now ends in a drain; one whose audio flows goes on."""
+    proc, url = start("--drain-s", "20")
+
+    async def body() -> dict[str, float]:
+        gone, live = Caller(url), Caller(url)
+        try:
+            await gone.connect()
+            await live.connect()
+            await asyncio.sleep(0.3)  # audio flowing from both
+            vanish(gone)
+            t_term = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            deadline = t_term + timeout(10)
+            while await asyncio.to_thread(live_sessions, url) > 1:
+                assert time.monotonic() < deadline, "the vanished call still holds the drain"
+                await asyncio.sleep(0.1)
+            t_gone = time.monotonic() - t_term
+            await asyncio.sleep(0.5)
+            still = await asyncio.to_thread(live_sessions, url)
+            assert proc.poll() is None, "the server left before its live call ended"
+            await live.hang_up()
+            t_hangup = time.monotonic()
+            await asyncio.to_thread(proc.wait, timeout(10))
+            return {"gone_s": t_gone, "still": still, "exit_s": time.monotonic() - t_hangup}
+        finally:
+            await gone.pc.close()
+            await live.hang_up()
+
+    try:
+        r = run(body(), limit_s=60)
+    finally:
+        proc.kill()
+    assert 2.5 < r["gone_s"] < 3 + timeout(2), r  # the audio's timeout, not ICE's or the drain's
+    assert r["still"] == 1, r  # the call whose audio flows holds the drain
+    assert r["exit_s"] < timeout(5), r
     assert shm_left(proc.pid) == []

@@ -25,7 +25,9 @@ Events made before the channel opens wait, at most `MAX_BACKLOG` of them (the ol
 
 A call ends on DELETE, when its peer connection goes `failed` or `closed` (ICE failure, DTLS
 teardown, consent lost), when it has not connected `CONNECT_TIMEOUT_S` after the answer, when the
-client stops reading the data channel (`MAX_BUFFERED_BYTES`), and at shutdown. Ending is
+client stops reading the data channel (`MAX_BUFFERED_BYTES`), in a drain when its caller's audio
+has stopped (`WebRtcCalls.end_silent`: a peer gone without hanging up, which ICE takes ~30 s to
+notice, does not hold the server's exit), and at shutdown. Ending is
 idempotent: the session closes (its response aborted in every stage and awaited), the media and
 event tasks are cancelled, the peer connection closes and the call leaves the registry.
 """
@@ -36,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +132,9 @@ class WebRtcCall:
         self.channel: RTCDataChannel | None = None
         self.connected = asyncio.Event()
         self.ended = asyncio.Event()  # set as the call closes (a sideband connection ends too)
+        # When the caller's audio last arrived (monotonic s; from its track's announcement until
+        # a first frame); None: the caller sends no audio.
+        self.audio_at: float | None = None
         self._backlog: deque[dict[str, Any]] = deque(maxlen=MAX_BACKLOG)
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(MAX_INBOX)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -178,9 +184,13 @@ class WebRtcCall:
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            self._spawn(pump_audio(track, self.session))
+            self.audio_at = time.monotonic()
+            self._spawn(pump_audio(track, self.session, self._heard))
         elif track.kind == "video":
             self._spawn(pump_video(track, self.session))
+
+    def _heard(self) -> None:
+        self.audio_at = time.monotonic()
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_LABEL or self.channel is not None:
@@ -329,6 +339,14 @@ class WebRtcCalls:
         except BaseException:
             await call.close()
             raise
+
+    def end_silent(self, quiet_s: float) -> None:
+        """End, in the background, every call whose caller has sent no audio for `quiet_s`
+        (the drain's check for peers gone without hanging up); calls that send none stay."""
+        now = time.monotonic()
+        for call in list(self.calls.values()):
+            if call.audio_at is not None and now - call.audio_at > quiet_s:
+                call.end(f"no audio from the caller for {now - call.audio_at:.1f} s in a drain")
 
     def forget(self, call: WebRtcCall) -> None:
         if self.calls.pop(call.id, None) is call:

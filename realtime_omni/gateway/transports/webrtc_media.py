@@ -215,8 +215,11 @@ def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     return mono.astype(np.float32)
 
 
-async def pump_audio(track: MediaStreamTrack, session: Session) -> None:
-    """Feed the remote audio track into the session until the track ends.
+async def pump_audio(
+    track: MediaStreamTrack, session: Session, on_frame: Callable[[], None] | None = None
+) -> None:
+    """Feed the remote audio track into the session until the track ends; `on_frame` is called
+    as each frame arrives.
 
     libswresample (C) mixes the decoded 48 kHz stereo down to 16 kHz mono, the session's input
     rate, so the event loop does no per-sample work: a numpy resampler per call cost a fifth of
@@ -227,6 +230,8 @@ async def pump_audio(track: MediaStreamTrack, session: Session) -> None:
             frame = await track.recv()
         except MediaStreamError:
             return
+        if on_frame is not None:
+            on_frame()
         if isinstance(frame, AudioFrame):
             for f in to_input.resample(frame):
                 session.push_audio(f.to_ndarray().reshape(-1), INPUT_RATE_HZ)
