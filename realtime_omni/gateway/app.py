@@ -36,7 +36,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from realtime_omni.errors import ConfigError, OmniError
+from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Auth, AuthMiddleware, Grant
 from realtime_omni.gateway.config import GatewayConfig
 from realtime_omni.gateway.event_log import EventLog
@@ -92,8 +92,6 @@ class Gateway:
         if self.coord is None:
             from realtime_omni.pipeline.coordinator import Coordinator
 
-            if self.pipeline.runtime.ipc_dir:
-                private_dir(Path(self.pipeline.runtime.ipc_dir))
             self.coord = Coordinator(self.pipeline)
             await self.coord.start()
         if self.config.vad:  # import torch and load the model now, not on a first call
@@ -472,22 +470,6 @@ class _DrainingServer(uvicorn.Server):
                 "drain: %d session(s) live at the deadline; ending them", len(self.gw.sessions)
             )
         self.should_exit = True
-
-
-def private_dir(path: Path) -> None:
-    """Make `path` a folder only its owner may enter (0700): `runtime.ipc_dir` holds the stage
-    processes' ipc:// sockets, and whoever can connect to those can talk to the stages. One
-    that exists open to others is refused, not changed (it may be a shared folder)."""
-    try:
-        path.mkdir(mode=0o700, parents=True)
-        path.chmod(0o700)  # mkdir's mode passes through the umask
-    except FileExistsError:
-        mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
-            raise ConfigError(
-                f"runtime.ipc_dir = {str(path)!r} is open to other users (mode {mode:o}). Fix: "
-                f"chmod 700 {path}, or name a folder that does not exist yet"
-            ) from None
 
 
 def secure(cfg: GatewayConfig, host: str) -> GatewayConfig:

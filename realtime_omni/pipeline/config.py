@@ -113,7 +113,10 @@ class HostConfig(_Strict):
 
 class RuntimeConfig(_Strict):
     ipc_dir: str | None = Field(
-        default=None, description="Folder for ipc:// sockets; default a private temp folder."
+        default=None,
+        description="Folder for ipc:// sockets; default a private temp folder. Made 0700 (who "
+        "can connect to the sockets talks to the stages); one that exists open to others is "
+        "refused.",
     )
     ready_timeout_s: float = Field(default=120.0, gt=0, description="Stage start-up limit.")
     abort_timeout_s: float = Field(default=5.0, gt=0, description="Wait for every AbortAck.")

@@ -200,7 +200,7 @@ class Coordinator:
         self._owner_lock = OwnerLock(self.owner_pid)  # our segments are not stale while we run
         if rt.ipc_dir:
             self.ipc_dir = Path(rt.ipc_dir)
-            self.ipc_dir.mkdir(parents=True, exist_ok=True)
+            sockets.private_dir(self.ipc_dir)
             self._own_ipc_dir = False
         else:
             self.ipc_dir = Path(tempfile.mkdtemp(prefix="rto-"))

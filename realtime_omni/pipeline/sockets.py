@@ -14,6 +14,7 @@ send `Shutdown`, `Abort` or forged payloads. A TCP config without the key does n
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import zmq
 
@@ -23,6 +24,22 @@ from realtime_omni.pipeline.config import PipelineConfig
 # ZMQ send queues: what can be in flight is bounded by the edges' credits (one message per
 # payload, one ack per payload) plus a few control messages per request, so this never binds.
 SNDHWM = 100_000
+
+
+def private_dir(path: Path) -> None:
+    """Make `path` a folder only its owner may enter (0700): `runtime.ipc_dir` holds the stage
+    processes' ipc:// sockets, and whoever can connect to those can talk to the stages. One
+    that exists open to others is refused, not changed (it may be a shared folder)."""
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        path.chmod(0o700)  # mkdir's mode passes through the umask
+    except FileExistsError:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise ConfigError(
+                f"runtime.ipc_dir = {str(path)!r} is open to other users (mode {mode:o}). Fix: "
+                f"chmod 700 {path}, or name a folder that does not exist yet"
+            ) from None
 
 
 def curve_secret(cfg: PipelineConfig) -> bytes | None:

@@ -7,17 +7,25 @@ import asyncio
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
 import zmq
 
-from realtime_omni.errors import RequestAborted, RequestError, StageDied, StartupError
+from realtime_omni.errors import (
+    ConfigError,
+    RequestAborted,
+    RequestError,
+    StageDied,
+    StartupError,
+)
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
@@ -379,6 +387,31 @@ def test_a_stage_that_cannot_start_is_named() -> None:
     start_segments = len(list_segments(os.getpid()))
     run(body())
     assert len(list_segments(os.getpid())) == start_segments
+
+
+def test_a_coordinator_keeps_its_ipc_dir_to_its_owner(tmp_path: Path) -> None:
+    """`runtime.ipc_dir` holds the stages' ipc:// sockets: whoever can connect to them talks to
+    the stages. Before, only the gateway made it 0700; a Coordinator built directly (as the
+    benchmarks build it) made it with the umask, open to every user."""
+    cfg = simulated_config(FAST)
+    cfg["runtime"] = {**cfg.get("runtime", {}), "ipc_dir": str(tmp_path / "ipc")}
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir(mode=0o755)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            assert stat.S_IMODE((tmp_path / "ipc").stat().st_mode) == 0o700
+            assert any(p.is_socket() for p in (tmp_path / "ipc").iterdir())
+            check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
+        cfg["runtime"]["ipc_dir"] = str(open_dir)  # one open to others is refused, not used
+        with pytest.raises(ConfigError, match="chmod 700"):
+            await Coordinator(parse_config(cfg)).start()
+
+    old = os.umask(0o022)
+    try:
+        run(body())
+    finally:
+        os.umask(old)
 
 
 def test_segments_left_by_a_killed_server_are_cleaned_at_the_next_start(tmp_path) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from realtime_omni.errors import ConfigError, OmniError
-from realtime_omni.gateway.app import private_dir, secure
+from realtime_omni.gateway.app import secure
 from realtime_omni.gateway.config import GatewayConfig, RealtimeConfig
 from realtime_omni.gateway.event_log import EventLog
+from realtime_omni.pipeline.sockets import private_dir
 from tests.conftest import ROOT
 
 NO_KEYS = RealtimeConfig(api_keys_env="RTO_TEST_NO_SUCH_KEYS")
