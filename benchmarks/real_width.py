@@ -182,13 +182,14 @@ def run_steps(d: Path, tokens: int, frames: int) -> dict[str, Any]:
             "head_dim": head_dim, "dtype_bytes": itemsize,
         }  # fmt: skip
 
-    # The prefill's lm_head call as thinker.py makes it, against the plain product.
+    # The prefill's lm_head on a [1, 1, D] view of the prompt's hidden states (as thinker.py
+    # called it before session 23), against the [1, D] product it makes now.
     lm_head = p.stages["thinker"].executor.model.lm_head  # type: ignore[attr-defined]
     hidden = torch.randn(1, 64, lm_head.in_features, dtype=torch.bfloat16)
     as_made = hidden[:, -1:]
     plain = hidden[0, -1:]
     out["lm_head_prefill_ms"] = {
-        "as_thinker_py": round(_time(lambda: lm_head(as_made)), 1),
+        "as_3d_view": round(_time(lambda: lm_head(as_made)), 1),
         "as_2d": round(_time(lambda: lm_head(plain)), 1),
     }
     return out
@@ -244,7 +245,7 @@ def main() -> None:
         print(f"{s['stage']:16} {s['batch']:>5} {s['served']:>6} {s['ms']:>9.1f} {s['n']:>6}")
     lm = result["lm_head_prefill_ms"]
     print(
-        f"\nprefill lm_head: {lm['as_thinker_py']:.0f} ms as thinker.py calls it, "
+        f"\nprefill lm_head: {lm['as_3d_view']:.0f} ms on a [1, 1, D] view (as before), "
         f"{lm['as_2d']:.0f} ms as [1, D] @ W.T"
     )
     print(f"\n{'KV':10} {'pool/slot':>10} {'held/token':>11} {'formula':>8}  (bytes per token)")

@@ -94,7 +94,6 @@ def runs(real_width_dir: Path) -> Iterator[dict[str, Any]]:
         mp.setattr(sampling.BatchPicker, "__init__", recording_init)
         mp.setattr(sampling.BatchPicker, "pick", recording_pick)
         p = InProcess(cfg)
-        _fold_prefill_lm_head(p)
         encoded = _record_encoder_outputs(p)
         reqs = payloads()
         for rid, payload in reqs.items():
@@ -115,17 +114,6 @@ def runs(real_width_dir: Path) -> Iterator[dict[str, Any]]:
             "batched_picks": dict(picks),
             "encoded": encoded,
         }
-
-
-def _fold_prefill_lm_head(p: InProcess) -> None:
-    """thinker.py's prefill applies lm_head to `last_hidden_state[:, -1:]`, a [1, 1, D] view with
-    the stride of the whole [1, L, D] prompt: torch.matmul cannot fold it into a matrix product
-    and goes through bmm, copying the [D, 152,064] weight transposed (0.6 GB, ~6 s per prefill
-    on this CPU at these widths; reported, thinker.py is being rewritten). The same map, as a
-    [n, D] product, keeps this module's 16 prefills in its time budget."""
-    lm_head = p.stages["thinker"].executor.model.lm_head  # type: ignore[attr-defined]
-    forward = lm_head.forward
-    lm_head.forward = lambda x: forward(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
 
 
 def _record_encoder_outputs(p: InProcess) -> dict[str, list[dict[str, Any]]]:

@@ -354,8 +354,11 @@ class ThinkerExecutor(HoldsRequests):
         r.next_pos = r.pos[..., -1:] + 1
         r.embeds = r.pos = None
         r.hidden = []
-        logits = self.model.lm_head(out.last_hidden_state[:, -1:])
-        tok = r.sampler.pick_tensor(logits[0, -1].float())
+        # [1, D], not a [1, 1, D] view of the prompt's hidden states: matmul turns that view
+        # into a bmm that copies the whole lm_head weight transposed (0.6 GB at the real
+        # vocabulary and width, seconds a prefill on a CPU; benchmarks/real_width.py).
+        logits = self.model.lm_head(out.last_hidden_state[0, -1:])
+        tok = r.sampler.pick_tensor(logits[-1].float())
         return self._take(rid, int(tok), rows)
 
     def _decode(self, rids: list[str]) -> list[Emit]:
