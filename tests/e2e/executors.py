@@ -47,7 +47,9 @@ class ScriptedThinker(ThinkerExecutor):
     holds a `<tool_response>` answers `params.answer`, a transcription request (the gateway's
     instruction) `params.transcript`, any other turn says `params.call` (which may hold a
     `<tool_call>`). Appends one JSON line per request to `params.record_to`:
-    the prompt as text, and how many tokens went to the speech stage and what they say."""
+    the prompt as text, how many tokens went to the speech stage, what the talker was given to
+    say (the tokens before the one marked `last`, which ends the speech: the stop token, or a
+    `<tool_call>`) and whether its speech was ended."""
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
@@ -60,6 +62,8 @@ class ScriptedThinker(ThinkerExecutor):
         self.record_to = str(ctx.params["record_to"])
         self.script: dict[str, list[int]] = {}
         self.spoken: dict[str, int] = {}
+        self.said: dict[str, int] = {}
+        self.ended: dict[str, bool] = {}
         self.prompts: dict[str, str] = {}
 
     def add_request(self, request_id: str, inputs: dict[str, Any]) -> None:
@@ -73,19 +77,27 @@ class ScriptedThinker(ThinkerExecutor):
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         self.script[request_id] = [*ids, min(self.stop_ids)]
         r.max_tokens = len(self.script[request_id])
-        self.spoken[request_id] = 0
+        self.spoken[request_id] = self.said[request_id] = 0
+        self.ended[request_id] = False
         self.prompts[request_id] = prompt
 
     def _take(self, rid: str, tok: int, prompt_rows: Any) -> list[Any]:
         script, prompt, spoken = self.script[rid], self.prompts[rid], self.spoken[rid]
+        said, ended = self.said[rid], self.ended[rid]
         forced = script[len(self.reqs[rid].tokens)]
         emits = super()._take(rid, forced, prompt_rows)  # the last token aborts: state gone
-        spoken += sum(1 for e in emits if e.to == self.speech_to)
+        speech = [e for e in emits if e.to == self.speech_to]
+        spoken += len(speech)
         self.spoken[rid] = spoken
+        ends = sum(1 for e in speech if (e.data or {}).get("last"))
+        said += len(speech) - ends  # after the end no speech is sent
+        ended = ended or ends > 0
+        self.said[rid], self.ended[rid] = said, ended
         if any(e.done for e in emits):
             record = {"request_id": rid, "prompt": prompt, "spoken_tokens": spoken}
             record["tokens"] = len(script)
-            record["spoken_text"] = self.tokenizer.decode(script[:spoken])  # what the talker got
+            record["speech_ended"] = ended
+            record["spoken_text"] = self.tokenizer.decode(script[:said])
             with open(self.record_to, "a") as f:
                 f.write(json.dumps(record) + "\n")
             self.abort(rid)
@@ -93,5 +105,5 @@ class ScriptedThinker(ThinkerExecutor):
 
     def abort(self, request_id: str) -> None:
         super().abort(request_id)
-        for d in (self.script, self.spoken, self.prompts):
+        for d in (self.script, self.spoken, self.said, self.ended, self.prompts):
             d.pop(request_id, None)

@@ -116,8 +116,9 @@ def test_a_tool_call_round_trip_is_written_not_said(server: str, record: Path) -
 
             first = records(record)[-1]
             assert "<tools>" in first["prompt"] and '"name": "get_weather"' in first["prompt"]
-            # the talker was given the words before the call, and nothing of the call
-            assert first["spoken_text"] == SAY_FIRST
+            # the talker was given the words before the call, and nothing of the call, and
+            # its speech was ended there (its end-of-text row, not padding for ever)
+            assert first["spoken_text"] == SAY_FIRST and first["speech_ended"]
             output = {"type": "function_call_output", "call_id": call["call_id"]}
             output["output"] = json.dumps({"sunny": True})
             events = await c.ask(output)
@@ -127,7 +128,7 @@ def test_a_tool_call_round_trip_is_written_not_said(server: str, record: Path) -
             assert said == ANSWER and events[-1]["response"]["status"] == "completed"
             second = records(record)[-1]
             assert second["spoken_tokens"] == second["tokens"]  # all of it said
-            assert second["spoken_text"].startswith(ANSWER)  # (and the stop token)
+            assert second["spoken_text"] == ANSWER and second["speech_ended"]
             assert "<tool_response>" in second["prompt"] and '{"sunny": true}' in second["prompt"]
             assert (
                 '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'
