@@ -12,13 +12,19 @@ does not depend on the batch (reading the weights) plus a part per request (or p
   per step (the thinker). A decode step costs `step_ms` + `per_request_ms` x decoding requests.
   A new request's prefill of `prompt_tokens` costs `first_step_ms` in all and runs in chunks of
   the stage's `max_prefill_tokens_per_step` beside the decode rows (chunk cost pro rata), so a
-  new turn delays the others by one chunk per step, not by a whole prefill;
+  new turn delays the others by one chunk per step, not by a whole prefill. Each decoding row
+  also costs `per_context_token_ms` per token it attends to (its prompt and what it made: the
+  KV cache a decode step reads);
 - follow: a streamed input -> `per_input` outputs per input item (the talker); it never runs
-  ahead of its input. A step costs `step_ms` + `per_request_ms` x requests past their first
-  output, plus `first_step_ms` (prefill) for each request making its first;
+  ahead of its input, and with `output_needs_input` output k waits for input k while the input
+  stream is open (the real talker's frame k takes thinker token k's text; after the text ends it
+  goes on alone). A step costs `step_ms` + `per_request_ms` x requests past their first output
+  + `per_context_token_ms` x their context (`prompt_tokens` and the outputs made), plus
+  `first_step_ms` (prefill) for each request making its first;
 - chunk: a streamed input -> one output per chunk of input items, `first_chunk` items first,
   then `chunk` (code2wav, text decode); a step costs `base_ms` + `step_ms` x the items of every
-  chunk in it.
+  chunk in it + `longest_ms` x the items of its longest chunk (a batched vocoder's time grows
+  with the frames it decodes for each stream, and less with the streams).
 
 A chunk stage with `speech_text` (or `speech_wav`, a 16-bit mono WAV) speaks: its float outputs
 to the client carry consecutive 24 kHz samples of that speech, looped, each request from the
@@ -102,6 +108,9 @@ class SimulatedExecutor:
         per_request = p.get("per_request_ms", 0.0 if self.role != "transform" else None)
         self.per_request_s = self.first_step_s if per_request is None else float(per_request) / 1000
         self.base_s = float(p.get("base_ms", 0.0)) / 1000
+        self.longest_s = float(p.get("longest_ms", 0.0)) / 1000
+        self.context_s = float(p.get("per_context_token_ms", 0.0)) / 1000
+        self.needs_input = bool(p.get("output_needs_input", False))
         self.prompt_tokens = max(1, int(p.get("prompt_tokens", 1)))
         self.max_batch = ctx.max_batch
         self.prefill_budget = ctx.max_prefill_tokens_per_step
@@ -176,6 +185,7 @@ class SimulatedExecutor:
         """Decode rows and prefill chunks of one step: who emits, and what the step costs."""
         decoding = [rid for rid in batch if self.reqs[rid].first_done]
         cost = (self.step_s + self.per_request_s * len(decoding)) if decoding else 0.0
+        cost += self.context_s * sum(self.prompt_tokens + self.reqs[r].made for r in decoding)
         budget = self.prefill_budget
         for rid in batch:
             r = self.reqs[rid]
@@ -203,6 +213,8 @@ class SimulatedExecutor:
             return 1 if r.made < (r.total or 0) or not r.first_done else 0
         if self.role == "follow":
             allowed = len(r.inputs) * self.per_input
+            if self.needs_input and not r.ended:
+                allowed = min(allowed, len(r.inputs))
             target = math.ceil(allowed) if r.ended else math.floor(allowed)
             return 1 if r.made < target or (r.ended and not r.first_done) else 0
         size = self.first_chunk if r.made == 0 else self.chunk
@@ -221,14 +233,16 @@ class SimulatedExecutor:
         if not reqs:
             return 0.0
         if self.role == "chunk":
-            return self.base_s + self.step_s * sum(self._due(r) for r in reqs)
+            items = [self._due(r) for r in reqs]
+            return self.base_s + self.step_s * sum(items) + self.longest_s * max(items)
         if self.role == "transform":
             return self.first_step_s + self.per_request_s * (len(reqs) - 1)
-        following = sum(1 for r in reqs if r.first_done)
-        fresh = len(reqs) - following
+        following = [r for r in reqs if r.first_done]
+        fresh = len(reqs) - len(following)
         cost = self.first_step_s * fresh
         if following:
-            cost += self.step_s + self.per_request_s * following
+            cost += self.step_s + self.per_request_s * len(following)
+            cost += self.context_s * sum(self.prompt_tokens + r.made for r in following)
         return cost
 
     def _produce(self, rid: str) -> list[Emit]:

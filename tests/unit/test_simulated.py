@@ -147,3 +147,41 @@ def test_speech_text_without_espeak_is_a_config_error(monkeypatch: pytest.Monkey
     ctx = StageContext("code2wav", "cpu", {"role": "chunk", "speech_text": "hello"}, {})
     with pytest.raises(ConfigError, match="needs espeak-ng"):
         SimulatedExecutor(ctx)
+
+
+def test_a_decode_row_costs_the_context_it_reads(clock: Clock) -> None:
+    ex = executor("generate", budget=1000, first_step_ms=10, prompt_tokens=1000, step_ms=10,
+                  per_context_token_ms=0.01)  # fmt: skip
+    ex.add_request("r", {"a": {"max_tokens": 3}})
+    ex.step()  # the prefill gives token 0
+    ex.step()  # token 1 reads the prompt and token 0: 1,001 tokens
+    ex.step()
+    assert clock.slept == [10, 20.01, 20.02]
+
+
+def test_a_follower_that_needs_input_k_for_output_k_waits_for_it_until_the_input_ends(
+    clock: Clock,
+) -> None:
+    ex = executor("follow", first_step_ms=5, step_ms=10, per_input=2, output_needs_input=True)
+    ex.add_request("a", {})
+    ex.add_item("a", "up", {"token_time": 0.0})
+    made = [len(ex.step())]  # output 0 needs input 0
+    assert not ex.has_work()  # output 1 needs input 1: two outputs an input only once it ends
+    ex.add_item("a", "up", {"token_time": 0.0})
+    made.append(len(ex.step()))
+    assert not ex.has_work()
+    ex.end_stream("a", "up")
+    while ex.has_work():
+        made.append(len(ex.step()))
+    assert sum(made) == 4 + 1  # 2 inputs x 2 outputs, and the request's done
+
+
+def test_a_chunk_step_costs_its_longest_chunk_beside_its_items(clock: Clock) -> None:
+    ex = executor("chunk", longest_ms=2.4, step_ms=0.7, first_chunk=2, chunk=4)
+    for rid, n in (("a", 2), ("b", 6)):
+        ex.add_request(rid, {})
+        for _ in range(n):
+            ex.add_item(rid, "up", {"token_time": 0.0})
+    ex.step()  # first chunks: 2 items each
+    ex.step()  # b's next 4
+    assert clock.slept == [round(2.4 * 2 + 0.7 * 4, 6), round(2.4 * 4 + 0.7 * 4, 6)]
