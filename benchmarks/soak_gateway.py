@@ -10,14 +10,19 @@ audio starts), while `--rude` others misbehave in turn:
   event that is not an object, an unknown event type, a bad base64 append;
 - one valid append of 6 MB of audio and a 4000x4000 PNG in `conversation.item.create`;
 - a call that vanishes mid-turn (the socket dropped while its answer streams);
-- a call that never reads (its send buffer fills until the server drops it).
+- a call that never reads (its send buffer fills until the server drops it);
+- requests each of the server's bounds must refuse, with the error that names it
+  (`REFUSED_WITH`): a call's form of 15,000 parts (`POST /v1/realtime/calls`), an image over
+  the pixel bound (a 7,000 x 7,000 PNG of zeros, 0.2 MB on the wire), audio appended faster
+  than real time past the first burst, an offer with 800 m= lines (`POST /v1/webrtc/offer`).
 
 With `--kill-every S`, a random stage process is SIGKILLed every S seconds as well (the server
 restarts it, from its warm spare where the config has one).
 
 Every polite turn must end with a completed response, or, when a stage it was on was killed,
 with a failed one whose error says so; each rude client must get `error` events (or be dropped)
-and never take the server down. The baseline is taken after one caller of each kind (what the
+and never take the server down; each bounded request must be refused with its own error, in the
+warm-up and in the rounds alike. The baseline is taken after one caller of each kind (what the
 server keeps once used, its executor's worker threads, is in it). The run is cut into
 `--rounds`; after each, with every caller gone: no session, nothing in flight, every credit
 free, the gateway's threads, file descriptors and UDP sockets and the shared-memory segments as
@@ -40,10 +45,13 @@ import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.request
+import zlib
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +61,19 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from realtime_omni.clients.webrtc import espeak  # noqa: E402
+from realtime_omni.clients.webrtc import espeak, http  # noqa: E402
 from realtime_omni.gateway.audio import float_to_pcm16, resample  # noqa: E402
 
 PIECE = 960  # bytes: 20 ms of 24 kHz pcm16
 RSS_SLACK = 0.10  # of the first round's RSS: what heavy callers at random moments vary it by
+# Each request a bound must refuse, and the error code that says which bound.
+REFUSED_WITH = {
+    "form": "too_large",  # a call's form past its parts
+    "pixels": "image_too_large",
+    "fast": "rate_limit_exceeded",  # audio past the burst, faster than real time
+    "offer": "too_many_media_sections",
+}
+KINDS = ["garbage", "heavy", "vanish", "deaf", *REFUSED_WITH]
 
 
 def free_port() -> int:
@@ -170,9 +186,55 @@ async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
                     await asyncio.sleep(0.5)
                 ws.transport.pause_reading()  # reads nothing more
                 await asyncio.sleep(3.0)
+            elif kind in REFUSED_WITH:
+                refused(kind, await bounded_request(ws, url, kind), out)
         out["rude_" + kind] += 1
     except (websockets.ConnectionClosed, OSError, TimeoutError):
         out["rude_dropped"] += 1
+
+
+def refused(kind: str, code: str | None, out: dict[str, int]) -> None:
+    """Count a bounded request refused with its own error, or one that was not."""
+    if code == REFUSED_WITH[kind]:
+        out["rude_errors"] += 1
+        out["refused_" + kind] += 1
+    else:
+        out["not_refused"] += 1
+        print(f"soak_gateway: {kind} got {code!r}, not {REFUSED_WITH[kind]!r}", flush=True)
+
+
+async def bounded_request(ws: Any, url: str, kind: str) -> str | None:
+    """Send what the bound `kind` must refuse; the error code that came back, None for none."""
+    base = url.replace("ws://", "http://").removesuffix("/v1/realtime")
+    if kind in ("form", "offer"):
+        if kind == "form":  # 15,000 parts in under the body's 1 MiB
+            boundary = "rto-soak"
+            part = f'--{boundary}\r\nContent-Disposition: form-data; name="x"\r\n\r\ny\r\n'
+            body = (part * 15_000 + f"--{boundary}--\r\n").encode()
+            args = ("/v1/realtime/calls", body, f"multipart/form-data; boundary={boundary}")
+        else:
+            sdp = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
+            sdp += "m=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\n" * 800
+            body = json.dumps({"sdp": sdp, "type": "offer"}).encode()
+            args = ("/v1/webrtc/offer", body, "application/json")
+        status, _, reply = await asyncio.to_thread(http, "POST", base + args[0], *args[1:])
+        code = json.loads(reply).get("error", {}).get("code") if status >= 400 else None
+        return str(code) if status in (400, 413) and code else None
+    if kind == "pixels":
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": bomb_item()}))
+    else:  # 10 s appends, back to back, until one is refused (past the burst of 130 s)
+        await ws.send(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+        ten_s = base64.b64encode(bytes(PIECE * 500)).decode()
+        for _ in range(20):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": ten_s}))
+    deadline = time.monotonic() + 10
+    with contextlib.suppress(TimeoutError):  # taken, not refused
+        while True:
+            left = max(0.1, deadline - time.monotonic())
+            ev = json.loads(await asyncio.wait_for(ws.recv(), left))
+            if ev["type"] == "error":
+                return str(ev["error"].get("code"))
+    return None
 
 
 def png_item() -> dict[str, Any]:
@@ -188,12 +250,32 @@ def png_item() -> dict[str, Any]:
     }
 
 
+@cache
+def bomb_item() -> dict[str, Any]:
+    """A 7,000 x 7,000 RGB PNG of zeros (49 MP, over the 40 MP bound): 0.2 MB on the wire,
+    147 MB decoded."""
+    width = height = 7000
+    z = zlib.compressobj(9)
+    row = bytes(1 + 3 * width)  # filter byte, then the pixels
+    data = b"".join(z.compress(row * 100) for _ in range(height // 100)) + z.flush()
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    content = [{"type": "input_image", "image_url": url}]
+    return {"type": "message", "role": "user", "content": content}
+
+
 async def rude(url: str, stop: float, out: dict[str, int], seed: int) -> None:
     """The kinds of misbehaviour in turn, each rude caller starting at another."""
-    kinds = ["garbage", "heavy", "vanish", "deaf"]
     i = seed
     while time.monotonic() < stop:
-        await rude_once(url, kinds[i % len(kinds)], out)
+        await rude_once(url, KINDS[i % len(KINDS)], out)
         i += 1
 
 
@@ -237,11 +319,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         # worker threads of its executor, the decoders' buffers) is in the baseline.
         out = dict.fromkeys(
             ["turns", "completed", "failed_clearly", "typed", "typed_ended_well",
-             "polite_errors", "kills", "rude_errors",
-             "rude_dropped", "rude_garbage", "rude_heavy", "rude_vanish", "rude_deaf"], 0,
+             "polite_errors", "kills", "rude_errors", "rude_dropped", "not_refused",
+             *(f"rude_{k}" for k in KINDS), *(f"refused_{k}" for k in REFUSED_WITH)], 0,
         )  # fmt: skip
         warm = dict(out)
-        for kind in ("garbage", "heavy", "vanish", "deaf"):
+        for kind in KINDS:
             await rude_once(url, kind, warm)
         await polite(url, speech, time.monotonic() + 0.1, warm)
         before = await idle(base)
@@ -282,10 +364,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     }
     ended_well = out["completed"] + out["failed_clearly"] == out["turns"] > out["failed_clearly"]
     ended_well &= out["typed_ended_well"] == out["typed"]
-    clean = not leaks and not any(left.values()) and ended_well
+    # Each bound refused what it bounds, with its error: in the warm-up (one of each) and after.
+    refusals = {k: warm[f"refused_{k}"] + out[f"refused_{k}"] for k in REFUSED_WITH}
+    not_refused = warm["not_refused"] + out["not_refused"]
+    refused_all = not_refused == 0 and all(refusals.values())
+    clean = not leaks and not any(left.values()) and ended_well and refused_all
     return {
         "seconds": round(elapsed, 1),
         **out,
+        "refused": refusals,  # the warm-up's included
+        "not_refused": not_refused,
         "left": left,
         "leaks": leaks,
         "gateway_before": before["gateway_process"],

@@ -168,8 +168,10 @@ def test_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_gateway_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
     """benchmarks/soak_gateway.py, briefly: polite callers' turns complete (or fail saying a
-    stage died) beside misbehaving callers and a stage SIGKILLed, and the server's sessions,
-    credits, threads, fds and segments are back after each round."""
+    stage died) beside misbehaving callers and a stage SIGKILLed, each request past a bound (a
+    form's parts, an image's pixels, audio faster than real time, an offer's m= lines) is
+    refused with its own error, and the server's sessions, credits, threads, fds and segments
+    are back after each round."""
     args = ("--seconds", "6", "--rounds", "2", "--kill-every", "1.5", "--polite", "2")
     json_at = str(tmp_path / "s.json")
     data, stdout = bench("soak_gateway.py", *args, "--rude", "1", "--json", json_at, limit_s=150)
@@ -177,3 +179,5 @@ def test_gateway_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
     assert data["turns"] >= 2 and data["completed"] + data["failed_clearly"] == data["turns"], data
     assert data["rude_errors"] > 0 and data["polite_errors"] == 0, data
     assert data["kills"] == 2 and len(data["segments"]) == 3, data
+    assert data["not_refused"] == 0 and set(data["refused"]) == {"form", "pixels", "fast", "offer"}
+    assert all(n >= 1 for n in data["refused"].values()), data
