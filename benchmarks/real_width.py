@@ -16,9 +16,9 @@ into .cache/ on first use), read through weights.py as a real checkpoint is.
    the steps that served exactly 1 (then 8) requests, or as many as any step served (`served`:
    code2wav serves those with a chunk ready); the thinker's prefill steps (a request's first
    token) apart from its decode steps. Baseline in the same run: the prefill's lm_head
-   call as thinker.py makes it ([1, 1, D], a view with the prompt's stride, which
-   torch.matmul runs as a bmm over a transposed copy of the weight) against the same product
-   as [1, D] @ W.T.
+   on a [1, 1, D] view with the prompt's stride, as thinker.py called it before session 23
+   (torch.matmul runs it as a bmm over a transposed copy of the weight), against the same
+   product as [1, D] @ W.T, as it calls it now.
 3. KV bytes per token, thinker and talker (their `BlockCache`s): the pool's bytes per token
    slot (its K and V tensors over its slots) and, sampled at every step of the 8-request run,
    bytes held over tokens held at the step holding the most, against

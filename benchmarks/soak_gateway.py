@@ -8,7 +8,7 @@ audio starts), while `--rude` others misbehave in turn:
 
 - a message over the size limit, then JSON that does not parse, JSON nested 100,000 deep, an
   event that is not an object, an unknown event type, a bad base64 append;
-- one valid append of 6 MB of audio and a 4000x4000 PNG in `conversation.item.create`;
+- one valid append of 4 MiB of audio and a 4000x4000 PNG in `conversation.item.create`;
 - a call that vanishes mid-turn (the socket dropped while its answer streams);
 - a call that never reads (its send buffer fills until the server drops it);
 - requests each of the server's bounds must refuse, with the error that names it
@@ -171,7 +171,9 @@ async def rude_once(url: str, kind: str, out: dict[str, int]) -> None:
                     ev = json.loads(await asyncio.wait_for(ws.recv(), 10))
                     out["rude_errors"] += ev["type"] == "error"
             elif kind == "heavy":
-                big = base64.b64encode(bytes(6 << 20)).decode()
+                # 4 MiB: 87 s of audio, under the burst (130 s) and, in base64 and JSON, under
+                # the message bound (8 MiB); 6 MiB was over both and refused
+                big = base64.b64encode(bytes(4 << 20)).decode()
                 await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": big}))
                 await ws.send(json.dumps({"type": "conversation.item.create", "item": png_item()}))
                 await asyncio.sleep(1.0)

@@ -158,9 +158,12 @@ def ensure_real_width(seed: int, cache_dir: str | os.PathLike[str] | None = None
     return ensure_built(out, lambda tmp: build_real_width(seed, tmp))
 
 
-def real_config_dict(layers: int = LAYERS) -> dict[str, Any]:
-    """PUBLISHED with `layers` layers per stack, as `Qwen3OmniMoeConfig(**d)` takes it."""
+def real_config_dict(layers: int | None = LAYERS) -> dict[str, Any]:
+    """PUBLISHED with `layers` layers per stack (None: the published depths), as
+    `Qwen3OmniMoeConfig(**d)` takes it."""
     d = json.loads(json.dumps(PUBLISHED))
+    if layers is None:
+        return d
     thinker, talker = d["thinker_config"], d["talker_config"]
     thinker["text_config"]["num_hidden_layers"] = layers
     thinker["audio_config"]["encoder_layers"] = layers
