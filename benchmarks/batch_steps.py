@@ -10,12 +10,12 @@ requests in each and times their steady steps after the prefills:
   context, the streamed convolutions over its 10 new frames).
 
 It prints the median step time per stage and batch, and that time per request: how far a step
-amortises over its batch. `--model real` writes a config at the published sizes (the thinker:
-48 layers, 32 query and 4 key/value heads, 128 experts with 8 active, 2,048 wide; the other parts
-at transformers' `Qwen3OmniMoeConfig` defaults, which are the released ones) with the tiny
-model's token ids, so the tiny tokenizer's prompts fit; there are no weights to read (about 70 GB
-in bf16 on the device, made in seconds). Made for `benchmarks/gpu_check.sh`; on a CPU, use the
-tiny model.
+amortises over its batch. `--model real` writes the published Qwen3-Omni-30B-A3B config at its
+full depth (`models/qwen3_omni/real_width.py`'s PUBLISHED, every width, expert count and
+vocabulary checked against the released config.json; transformers' defaults differ in a dozen
+places) with the tiny model's token ids, so the tiny tokenizer's prompts fit; there are no
+weights to read (random, about 70 GB in bf16 on the device, made in seconds). Made for
+`benchmarks/gpu_check.sh`; on a CPU, use the tiny model.
 
     python benchmarks/batch_steps.py [--model tiny|real] [--device cuda:0] [--dtype bfloat16]
         [--batches 1,8,32] [--steps 10] [--json PATH]
@@ -37,19 +37,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The published Qwen3-Omni-30B-A3B thinker (its model card); transformers' defaults for it are
-# another, smaller thinker.
-REAL_THINKER_TEXT = {
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "hidden_size": 2048,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 768,
-    "vocab_size": 152064,
-}
-
 
 def _ids(node: Any, tiny: Any) -> None:
     """Copy every token id of the tiny config over the real one (same structure), and the
@@ -64,25 +51,19 @@ def _ids(node: Any, tiny: Any) -> None:
 
 
 def real_size_dir(tiny: Path, out: Path, scale: dict[str, Any] | None = None) -> Path:
-    """A config-only checkpoint at the real sizes (or `scale`'s thinker text sizes instead)."""
+    """A config-only checkpoint of the published Qwen3-Omni-30B-A3B at its full depth
+    (`real_width.PUBLISHED`; `scale` overrides the thinker's text sizes), with the tiny token
+    ids so the tiny tokenizer's prompts fit."""
     from transformers import Qwen3OmniMoeConfig
 
+    from realtime_omni.models.qwen3_omni.real_width import real_config_dict
     from realtime_omni.models.qwen3_omni.weights import RANDOM
 
-    real = Qwen3OmniMoeConfig().to_dict()
+    real = Qwen3OmniMoeConfig(**real_config_dict(None)).to_dict()
     text = real["thinker_config"]["text_config"]
-    text.update(scale or REAL_THINKER_TEXT)
+    text.update(scale or {})
     text.pop("layer_types", None)  # made again from num_hidden_layers
     _ids(real, json.loads((tiny / "config.json").read_text()))
-    # Undeclared in the talker's config class, so not in the defaults: an estimate, four
-    # routed experts wide, as Qwen's MoE models size their shared expert.
-    talker = real["talker_config"]["text_config"]
-    talker["shared_expert_intermediate_size"] = 4 * talker["moe_intermediate_size"]
-    # A frame is one code per code2wav quantizer (16): the defaults' 32 code groups would make
-    # frames code2wav cannot read.
-    groups = real["code2wav_config"]["num_quantizers"]
-    real["talker_config"]["num_code_groups"] = groups
-    real["talker_config"]["code_predictor_config"]["num_code_groups"] = groups
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(real))
     width = real["thinker_config"]["text_config"]["hidden_size"]

@@ -116,15 +116,15 @@ def test_conversation_benchmark_smoke(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_batch_steps_benchmark_at_real_widths_with_random_weights(tmp_path: Path) -> None:
     """The real-size config path of benchmarks/batch_steps.py (the one gpu_check.sh runs), on
-    the CPU: the published widths with one layer per part and few experts, random weights
-    built on the device, the tiny token ids; every stage steps at batch 2."""
+    the CPU: the published config (real_width.PUBLISHED) with one layer per part and few
+    experts, random weights built on the device, the tiny token ids; every stage steps at
+    batch 2."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import batch_steps
 
     from realtime_omni.models.qwen3_omni.tiny import ensure_tiny
 
-    small = {**batch_steps.REAL_THINKER_TEXT, "num_hidden_layers": 1, "num_experts": 8,
-             "vocab_size": 4096}  # fmt: skip
+    small = {"num_hidden_layers": 1, "num_experts": 8, "vocab_size": 4096}
     d = batch_steps.real_size_dir(ensure_tiny(0), tmp_path / "real", scale=small)
     cfg = json.loads((d / "config.json").read_text())
     talker = cfg["talker_config"]
@@ -137,6 +137,8 @@ def test_batch_steps_benchmark_at_real_widths_with_random_weights(tmp_path: Path
     got = batch_steps.measure({"path": str(d), "dtype": "float32"}, "cpu", 2, 2)
     assert set(got) == {"thinker", "talker_ar", "code2wav"} and all(v > 0 for v in got.values())
     assert cfg["thinker_config"]["text_config"]["hidden_size"] == 2048
+    assert cfg["thinker_config"]["audio_config"]["output_dim"] == 2048  # the defaults say 3,584
+    assert cfg["talker_config"]["text_config"]["num_experts_per_tok"] == 6  # the defaults, 8
     assert (
         cfg["im_end_token_id"]
         == json.loads((ensure_tiny(0) / "config.json").read_text())["im_end_token_id"]
