@@ -130,6 +130,14 @@ class BlockCache:
         self._slots[row] = self._slots[row][: keep * self.block_tokens]
         self.lens[row] = min(self.lens[row], tokens)
 
+    def full_message(self, stage: str) -> str:
+        """What a request the pool cannot hold is told: the pool's state and the params."""
+        return (
+            f"{stage}: KV cache full ({self.blocks_in_use()} of {self.blocks} blocks of "
+            f"{self.block_tokens} tokens held by running requests); raise the stage's "
+            "kv_cache_tokens or kv_cache_gib, or lower max_batch"
+        )
+
     def bytes_held(self) -> int:
         return self.blocks_in_use() * self.block_tokens * self.bytes_per_token
 

@@ -276,12 +276,7 @@ class TalkerExecutor(HoldsRequests):
         r = self.reqs.pop(rid)
         if r.row is not None:
             self.cache.free(r.row)
-        c = self.cache
-        self.refused[rid] = (
-            f"talker: KV cache full ({c.blocks_in_use()} of {c.blocks} blocks of "
-            f"{c.block_tokens} tokens held by running requests); raise the stage's "
-            "kv_cache_tokens or kv_cache_gib, or lower max_batch"
-        )
+        self.refused[rid] = self.cache.full_message("talker")
 
     def _continue_session(self, r: _Request, prompt: torch.Tensor) -> int:
         """Give `r` a cache row: its session's kept one, holding the longest common prefix of

@@ -249,12 +249,7 @@ class ThinkerExecutor(HoldsRequests):
         r = self.reqs.pop(rid)
         if r.row is not None:
             self.cache.free(r.row)
-        c = self.cache
-        self.refused[rid] = (
-            f"thinker: KV cache full ({c.blocks_in_use()} of {c.blocks} blocks of "
-            f"{c.block_tokens} tokens held by running requests); raise the stage's "
-            "kv_cache_tokens or kv_cache_gib, or lower max_batch"
-        )
+        self.refused[rid] = self.cache.full_message("thinker")
 
     def kv_stats(self) -> tuple[int, int, int]:
         """The KV pool: blocks in use, blocks in all, kept sessions evicted so far."""
