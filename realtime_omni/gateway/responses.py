@@ -183,7 +183,9 @@ class Responses:
         except OmniError as e:
             log.warning("response %s failed: %s", resp.id, e)
             self._flush(resp.item.id)
-            self._finish(resp, "failed", {"type": "failed", "error": {"message": str(e)}})
+            # A stage's own words (a full KV cache, a dead stage): the client is told the cause.
+            error = {"type": "server_error", "message": str(e)}
+            self._finish(resp, "failed", {"type": "failed", "error": error})
             return
         except Exception:  # a bug: the response fails, and the session takes the next one
             log.exception("response %s failed", resp.id)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_omni.errors import RequestAborted
+from realtime_omni.errors import RequestAborted, RequestError
 from realtime_omni.gateway.protocol import ProtocolError
 from realtime_omni.gateway.session import Session
 from realtime_omni.pipeline.coordinator import Output
@@ -515,6 +515,37 @@ class BadOutputCoord(FakeCoord):
             assert request_id is not None
             self.streams[request_id] = stream = BadStream(self.chunks, self.gap_s)
         return stream
+
+
+class RefusingStream(FakeStream):
+    """A request a stage refused, as the coordinator's stream says it."""
+
+    async def __anext__(self) -> Output:
+        raise RequestError(
+            "stage thinker: thinker: KV cache full (4 of 4 blocks of 16 tokens held by running "
+            "requests); raise the stage's kv_cache_tokens or kv_cache_gib, or lower max_batch"
+        )
+
+
+class RefusingCoord(FakeCoord):
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
+        await super().submit(payload, request_id)
+        return RefusingStream(self.chunks, self.gap_s)
+
+
+def test_a_request_a_stage_refused_fails_its_response_with_the_cause() -> None:
+    async def body() -> None:
+        s = Session(RefusingCoord(chunks=2))
+        await s.handle({"type": "session.update", "session": {"turn_detection": None}})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None)
+        done = [e for e in s.pending_events() if e["type"] == "response.done"]
+        assert done[-1]["response"]["status"] == "failed"
+        error = done[-1]["response"]["status_details"]["error"]
+        assert error["type"] == "server_error" and "KV cache full" in error["message"]
+        await s.close()
+
+    run(body())
 
 
 def test_a_response_that_fails_on_a_bug_ends_and_the_next_one_runs() -> None:
