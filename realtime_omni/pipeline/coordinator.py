@@ -196,15 +196,15 @@ class Coordinator:
             if self.graph.use_tcp and not os.environ.get(rt.curve_secret_env):
                 os.environ[rt.curve_secret_env] = sockets.keygen()  # this deployment's own key
         self.secret = sockets.curve_secret(self.cfg)  # before anything is made that needs undoing
-        clean_stale_segments()
-        self._owner_lock = OwnerLock(self.owner_pid)  # our segments are not stale while we run
-        if rt.ipc_dir:
+        if rt.ipc_dir:  # refused (open to others) before the owner lock is taken
             self.ipc_dir = Path(rt.ipc_dir)
             sockets.private_dir(self.ipc_dir)
             self._own_ipc_dir = False
         else:
             self.ipc_dir = Path(tempfile.mkdtemp(prefix="rto-"))
             self._own_ipc_dir = True
+        clean_stale_segments()
+        self._owner_lock = OwnerLock(self.owner_pid)  # our segments are not stale while we run
         # Plain sockets, driven by the loop in `_receive`: pyzmq's asyncio sockets cost about
         # 40 us per message received and 9 us per message sent, against 4 and 2 us.
         self.zmq = zmq.Context()

@@ -29,7 +29,7 @@ from realtime_omni.errors import (
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
-from realtime_omni.pipeline.shm import list_segments
+from realtime_omni.pipeline.shm import OWNER, SHM_DIR, list_segments
 from realtime_omni.pipeline.worker import MAX_DRAIN
 from tests.conftest import ROOT, run, simulated_config, timeout
 
@@ -406,6 +406,8 @@ def test_a_coordinator_keeps_its_ipc_dir_to_its_owner(tmp_path: Path) -> None:
         cfg["runtime"]["ipc_dir"] = str(open_dir)  # one open to others is refused, not used
         with pytest.raises(ConfigError, match="chmod 700"):
             await Coordinator(parse_config(cfg)).start()
+        # and the refused start left nothing taken: this process's owner lock is free again
+        assert not (SHM_DIR / f"{OWNER}{os.getpid()}").exists()
 
     old = os.umask(0o022)
     try:

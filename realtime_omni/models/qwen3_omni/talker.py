@@ -28,7 +28,9 @@ Conversations (`session_id`): a session's turn leaves its cache row and its prom
 rows behind when it ends, as in the thinker. The talker's prompt is the conversation's user
 turns and an assistant head (its earlier speech is not in it), so the next turn continues the
 row after the longest common prefix of the two prompts' input rows, the earlier user turns, and
-prefills the rest; bounded by `params.session_cache_tokens` (default 65,536) and by the rows.
+prefills the rest; bounded by `params.session_cache_tokens` (default 65,536), by the rows and
+by the KV pool's blocks (`params.kv_cache_tokens` or `kv_cache_gib`, as the thinker's: a request
+the pool cannot hold, with every kept session evicted, fails saying so).
 """
 
 from __future__ import annotations
