@@ -123,6 +123,7 @@ def run_steps(d: Path, tokens: int, frames: int) -> dict[str, Any]:
     """Steps 2 and 3."""
     import torch
 
+    from realtime_omni.models.qwen3_omni.cache import text_kv_shape
     from tests.models.inproc import InProcess
 
     cfg = yaml.safe_load((ROOT / "configs" / "real-width-cpu.yaml").read_text())
@@ -172,7 +173,7 @@ def run_steps(d: Path, tokens: int, frames: int) -> dict[str, Any]:
         text = ex.model.model.config if name == "talker_ar" else ex.lm.config  # type: ignore[attr-defined]
         pool = sum(t.nbytes for t in (*cache.k, *cache.v))
         held, tokens_held = max(samples, key=lambda s: s[1])
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        _, head_dim = text_kv_shape(text)
         itemsize = cache.k[0].element_size()
         formula = text.num_hidden_layers * 2 * text.num_key_value_heads * head_dim * itemsize
         out["kv_bytes_per_token"][name] = {

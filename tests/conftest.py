@@ -37,6 +37,13 @@ def simulated_config(time_scale: float = 1.0, **runtime: Any) -> dict[str, Any]:
     return data
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (best effort: nothing should race us for it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def free_port_block(n: int) -> int:
     """A base port with n free ports after it, for configs with TCP inboxes (`runtime.base_port`):
     the default, 47100, lies in Linux's ephemeral range, where a test's other connections (Ray's)

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,10 @@ import pytest
 
 from realtime_omni.clients.webrtc import espeak
 from realtime_omni.gateway.audio import resample
-from tests.conftest import ROOT, timeout
+from tests.conftest import ROOT, free_port, timeout
 from tests.e2e.shapes import check_log
 
 MAX_SESSIONS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -42,7 +35,7 @@ def serving(
     """`realtime-omni serve` with `config` (default: the simulated one) on a free port, `args`
     added; yields its URL, and checks on the way out that SIGTERM left no shared memory behind.
     `startup` gets the lines the server printed up to its ready line."""
-    port = _free_port()
+    port = free_port()
     config = config or ROOT / "configs" / "simulated-qwen3-omni.yaml"
     events = Path(tempfile.mkdtemp(prefix="rto-events-")) / "events.jsonl"
     proc = subprocess.Popen(

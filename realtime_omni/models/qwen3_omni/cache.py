@@ -66,7 +66,6 @@ class BlockCache:
         self.rows = rows
         self.blocks = blocks
         self.block_tokens = block_tokens
-        self.layers = layers
         slots = blocks * block_tokens
         self.k = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device)]
         self.v = [torch.empty(slots, kv_heads, head_dim, dtype=dtype, device=device)]
@@ -182,7 +181,7 @@ class BlockCache:
         if start or tokens > 1:
             q = torch.arange(tokens, device=slots.device)[:, None] + start
             causal = torch.arange(total, device=slots.device)[None, :] <= q
-        group = _Group(torch.zeros(1, dtype=torch.long), slots[None, :total], None, total)
+        group = _Group(torch.zeros(1, dtype=torch.long), slots[None, :total], None)
         return _Window(self, slots[start:total], [group], causal, {row: tokens})
 
     def _group(self, members: list[tuple[int, int, int]], longest: int) -> _Group:
@@ -198,7 +197,7 @@ class BlockCache:
             index[i, :t] = slots[:t]
             index[i, t:] = slots[0]  # padding reads a written slot (never garbage: NaN * 0)
         batch = torch.tensor([b for b, _, _ in members], dtype=torch.long, device=device)
-        return _Group(batch, index, mask, longest)
+        return _Group(batch, index, mask)
 
 
 def text_kv_shape(config: Any) -> tuple[int, int]:
@@ -211,13 +210,10 @@ class _Group:
     """Rows one attention call reads: their batch positions, their slots `[n, longest]`, and
     which of those are theirs (None: all)."""
 
-    def __init__(
-        self, batch: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None, longest: int
-    ) -> None:
+    def __init__(self, batch: torch.Tensor, index: torch.Tensor, mask: torch.Tensor | None) -> None:
         self.batch = batch
         self.index = index
         self.mask = mask
-        self.longest = longest
 
 
 class _Window:
@@ -235,6 +231,7 @@ class _Window:
         self.write = write  # the new tokens' slots, in batch (decode) or token (prefill) order
         self.groups = groups
         self.causal = causal  # prefill: [tokens, total] which keys each query sees
+        self._causal_heads: torch.Tensor | None = None  # the same for the heads along the queries
         self.advance = advance
 
     def slots_read(self) -> int:
@@ -258,20 +255,21 @@ class _Window:
         b, heads, q_len, dim = query.shape
         kv_heads = k.shape[1]
         group = heads // kv_heads
+        if self.causal is not None and self._causal_heads is None:  # once, not once a layer
+            self._causal_heads = self.causal.repeat(group, 1)[None, None]
         out = query.new_empty(b, heads, q_len, dim)
         for g in self.groups:
             n = g.index.shape[0]
+            whole = len(self.groups) == 1 and n == b  # the batch as it is, in its order
             keys = k[g.index].permute(0, 2, 1, 3)  # [n, kv_heads, longest, dim]
             values = v[g.index].permute(0, 2, 1, 3)
-            q = query if len(self.groups) == 1 and n == b else query[g.batch]
+            q = query if whole else query[g.batch]
             # [n, kv_heads, group x q_len, dim]: the heads of one K/V head along the query axis
             q = q.reshape(n, kv_heads, group * q_len, dim)
-            mask = g.mask
-            if self.causal is not None:
-                mask = self.causal.repeat(group, 1)[None, None]
+            mask = g.mask if self._causal_heads is None else self._causal_heads
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling)
             o = o.reshape(n, heads, q_len, dim)
-            if len(self.groups) == 1 and n == b:
+            if whole:
                 out = o
             else:
                 out[g.batch] = o

@@ -29,7 +29,7 @@ from websockets.sync.client import ClientConnection, connect
 from realtime_omni.gateway.app import Gateway, create_app
 from realtime_omni.gateway.config import GatewayConfig, PhoneConfig, RealtimeConfig
 from realtime_omni.pipeline.config import load_config
-from tests.conftest import ROOT, timeout
+from tests.conftest import ROOT, free_port, timeout
 from tests.unit.gateway.test_session import FakeCoord
 
 KEYS_ENV = "RTO_TEST_APP_KEYS"
@@ -151,12 +151,6 @@ def offer() -> str:
     return asyncio.run(sdp_offer())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def gateway_server(
     keys: str = "",
@@ -179,7 +173,7 @@ def gateway_server(
         )
         pipeline = load_config(ROOT / "configs" / "simulated-qwen3-omni.yaml")
         app = create_app(pipeline, cfg, coordinator=AppCoord())
-        port = _free_port()
+        port = free_port()
         server = uvicorn.Server(
             uvicorn.Config(
                 # log_config None: uvicorn's loggers reach the root's, and pytest's caplog
