@@ -20,13 +20,12 @@ import pytest
 import websockets
 
 from realtime_omni.clients.webrtc import Caller
-from tests.conftest import ROOT, run, timeout
-from tests.e2e.conftest import _free_port
+from tests.conftest import ROOT, free_port, run, timeout
 from tests.e2e.test_realtime_ws import connect, send_audio, short_answers, until
 
 
 def start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(port),
            "--config", str(ROOT / "configs" / "simulated-qwen3-omni.yaml"), *args]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -23,8 +23,8 @@ import yaml
 
 from realtime_omni.clients.baresip import dial, loud, recordings, write_wav
 from realtime_omni.gateway.audio import resample
-from tests.conftest import ROOT, timeout
-from tests.e2e.conftest import _free_port, serving
+from tests.conftest import ROOT, free_port, timeout
+from tests.e2e.conftest import serving
 from tests.e2e.test_webrtc import assert_pipeline_idle, get_json, settle
 
 SCENARIOS = Path(__file__).parent / "sip"
@@ -58,8 +58,8 @@ def sip_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 def sipp(tmp: Path, port: int, scenario: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        ["sipp", f"127.0.0.1:{port}", "-sf", str(scenario), "-p", str(_free_port()),
-         "-mp", str(_free_port()), "-m", "1", "-nostdin", "-timeout", "20s", "-trace_err",
+        ["sipp", f"127.0.0.1:{port}", "-sf", str(scenario), "-p", str(free_port()),
+         "-mp", str(free_port()), "-m", "1", "-nostdin", "-timeout", "20s", "-trace_err",
          *args],
         cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -202,7 +202,7 @@ def test_the_server_registers_with_a_trunk_using_credentials_from_the_environmen
     """SIPp as the trunk's registrar: it challenges the REGISTER and answers 200 only to the
     configured user and the password from the environment (403 otherwise)."""
     pytest.importorskip("pjsua2")
-    registrar_port = _free_port()
+    registrar_port = free_port()
     registrar = subprocess.Popen(
         ["sipp", "-sf", str(SCENARIOS / "registrar.xml"), "-i", "127.0.0.1",
          "-p", str(registrar_port), "-m", "1", "-nostdin", "-timeout", "30s", "-trace_err"],
