@@ -3,16 +3,21 @@
 # its cuda_ipc row, and the batched stages on cuda:0 in bf16 (benchmarks/batch_steps.py: step
 # times at batch 1, 8 and 32 for the tiny model and for random weights at the real Qwen3-Omni
 # sizes; benchmarks/concurrency.py: first audio at 1, 4 and 16 streams, tiny model on cuda:0;
-# benchmarks/kv_memory.py: the thinker's KV pool at the real sizes). Made for a lent GPU
-# machine whose python3 has CUDA torch but cannot reach
-# PyPI (see benchmarks/README.md, "GPU checks"):
+# benchmarks/kv_memory.py: the thinker's KV pool at the real sizes), and Qwen3-Omni at its
+# published widths and depth through every stage (benchmarks/real_width.py). Made for a lent GPU
+# machine whose python3 has CUDA torch but cannot reach PyPI (see benchmarks/README.md, "GPU
+# checks"):
 #
 #   benchmarks/gpu_check.sh wheels   here: the runtime's other packages as wheels in .whl/,
 #                                    the versions .venv has, for the GPU machine's Python
 #   benchmarks/gpu_check.sh          there: install .whl/ (if carried) aside, check, and write
 #                                    the results to $OUT (or gpu-check/): the runtime's checks
 #   benchmarks/gpu_check.sh stages   there, a second call: the batched model stages
-# Each fits one 480 s device call.
+#   benchmarks/gpu_check.sh real     there, a third call: one spoken request with an image, then
+#                                    8 at once, through every stage of the real-width model at
+#                                    the published depth (70.5 GB of random bf16 weights, built
+#                                    where there is room) or the deepest that fits the disk
+# Each fits one 600 s device call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +60,11 @@ print(platform.python_version(), "torch", torch.__version__, torch.cuda.get_devi
       torch.cuda.device_count(), "device(s)")
 EOF
 status=0
+if [[ "${1:-}" == real ]]; then
+    timeout 570 python3 benchmarks/real_width.py --layers auto --device cuda:0 --cache-dir auto \
+        --json "$out/real_width.json" 2>&1 | tee "$out/real_width.txt" || status=1
+    exit $status
+fi
 if [[ "${1:-}" == stages ]]; then
     for model in tiny real; do
         timeout 150 python3 benchmarks/batch_steps.py --model "$model" --device cuda:0 \

@@ -147,37 +147,78 @@ PUBLISHED: dict[str, Any] = dict(
 )  # fmt: skip
 
 
-def default_dir(seed: int) -> Path:
-    return REPO_ROOT / ".cache" / f"real-width-qwen3-omni-{VERSION}-{seed}"
+def default_dir(seed: int, layers: int = LAYERS) -> Path:
+    depth = "" if layers == LAYERS else f"-{layers}l"
+    return REPO_ROOT / ".cache" / f"real-width-qwen3-omni-{VERSION}-{seed}{depth}"
 
 
-def ensure_real_width(seed: int, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The checkpoint directory for `seed`, built on first use (about 25 s and 5.2 GB on disk;
-    concurrent callers wait for one build, as `ensure_tiny`'s do)."""
-    out = Path(cache_dir) if cache_dir else default_dir(seed)
-    return ensure_built(out, lambda tmp: build_real_width(seed, tmp))
+def ensure_real_width(
+    seed: int, cache_dir: str | os.PathLike[str] | None = None, layers: int = LAYERS
+) -> Path:
+    """The checkpoint directory for `seed` at `layers` layers per stack, built on first use
+    (2 layers: about 25 s and 5.2 GB on disk; concurrent callers wait for one build, as
+    `ensure_tiny`'s do)."""
+    out = Path(cache_dir) if cache_dir else default_dir(seed, layers)
+    return ensure_built(out, lambda tmp: build_real_width(seed, tmp, layers))
 
 
 def real_config_dict(layers: int | None = LAYERS) -> dict[str, Any]:
-    """PUBLISHED with `layers` layers per stack (None: the published depths), as
-    `Qwen3OmniMoeConfig(**d)` takes it."""
+    """PUBLISHED with at most `layers` layers per stack (None: the published depths), as
+    `Qwen3OmniMoeConfig(**d)` takes it. A stack keeps its published depth where `layers` reaches
+    it (the code predictor's 5, code2wav's 8, ...), and with it its published taps: the vision
+    tower's deepstack indexes and the talker's `accept_hidden_layer`."""
     d = json.loads(json.dumps(PUBLISHED))
     if layers is None:
         return d
     thinker, talker = d["thinker_config"], d["talker_config"]
-    thinker["text_config"]["num_hidden_layers"] = layers
-    thinker["audio_config"]["encoder_layers"] = layers
+    stacks = [
+        (thinker["text_config"], "num_hidden_layers"),
+        (thinker["audio_config"], "encoder_layers"),
+        (thinker["vision_config"], "depth"),
+        (talker["text_config"], "num_hidden_layers"),
+        (talker["code_predictor_config"], "num_hidden_layers"),
+        (d["code2wav_config"], "num_hidden_layers"),
+    ]
+    for stack, key in stacks:
+        stack[key] = min(layers, stack[key])
     vision = thinker["vision_config"]
-    vision["depth"] = layers
-    vision["deepstack_visual_indexes"] = list(range(min(layers, 3)))
-    talker["text_config"]["num_hidden_layers"] = layers
-    talker["code_predictor_config"]["num_hidden_layers"] = layers
-    talker["accept_hidden_layer"] = max(1, layers // 2)  # published: 24 of 48
-    d["code2wav_config"]["num_hidden_layers"] = layers
+    if vision["depth"] < PUBLISHED["thinker_config"]["vision_config"]["depth"]:
+        vision["deepstack_visual_indexes"] = list(range(min(vision["depth"], 3)))
+    depth = thinker["text_config"]["num_hidden_layers"]
+    if depth < PUBLISHED["thinker_config"]["text_config"]["num_hidden_layers"]:
+        talker["accept_hidden_layer"] = max(1, depth // 2)  # published: 24 of 48
     return d
 
 
-def build_config(layers: int = LAYERS) -> Any:
+def published_depth() -> int:
+    """The deepest stack's published depth: `real_config_dict` of this is PUBLISHED."""
+    return int(PUBLISHED["thinker_config"]["text_config"]["num_hidden_layers"])
+
+
+def checkpoint_bytes(layers: int | None) -> int:
+    """The bf16 checkpoint's tensor bytes at `layers` layers per stack (a meta-device model:
+    no memory, well under a second)."""
+    import torch
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    with torch.device("meta"):
+        model = Qwen3OmniMoeForConditionalGeneration(build_config(layers))
+    return 2 * sum(p.numel() for p in model.parameters())
+
+
+def deepest_fitting(budget_bytes: int) -> int:
+    """The most layers per stack whose checkpoint fits in `budget_bytes` (at least 1)."""
+    lo, hi = 1, published_depth()
+    while lo < hi:  # checkpoint_bytes grows with the depth
+        mid = (lo + hi + 1) // 2
+        if checkpoint_bytes(mid) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def build_config(layers: int | None = LAYERS) -> Any:
     from transformers import Qwen3OmniMoeConfig
 
     cfg = Qwen3OmniMoeConfig(**real_config_dict(layers))
