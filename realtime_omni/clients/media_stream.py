@@ -9,6 +9,9 @@ tests and benchmarks.
     call.clears                        # when the server's clear came
     await call.hang_up()               # stop, close
 
+With `auth_token` (the account's) the upgrade is signed as the provider signs it: Twilio's
+X-Twilio-Signature, Plivo's X-Plivo-Signature-V3; Telnyx signs none.
+
 Like a provider it buffers what the server sends and plays it at 8 kHz after a jitter delay
 (`delay_ms`), echoes each mark once the audio before it has played, and on a clear drops its
 buffer and echoes every mark still pending (Twilio's documented behaviour; Plivo answers
@@ -30,6 +33,7 @@ import numpy as np
 import websockets
 
 from realtime_omni.gateway.audio import ulaw_decode, ulaw_encode
+from realtime_omni.gateway.transports.signatures import plivo_signature, twilio_signature
 
 RATE_HZ = 8000
 FRAME = 160  # 20 ms
@@ -43,12 +47,14 @@ class ProviderCall:
         provider: str = "twilio",
         parameters: dict[str, str] | None = None,
         delay_ms: float = 200.0,
+        auth_token: str | None = None,
     ) -> None:
         base = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/")
         self.url = f"{base}/v1/phone/{provider}"
         self.provider = provider
         self.parameters = parameters or {}
         self.delay_s = delay_ms / 1000
+        self.auth_token = auth_token
         self.stream_id = ("MZ" if provider == "twilio" else "") + uuid.uuid4().hex
         self.call_id = ("CA" if provider == "twilio" else "v3:") + uuid.uuid4().hex
         self.ws: Any = None
@@ -131,8 +137,26 @@ class ProviderCall:
 
     # ---- the call --------------------------------------------------------------------------
 
+    def signature_headers(self) -> dict[str, str]:
+        """The upgrade's signature headers (none without `auth_token`, and none for Telnyx)."""
+        if self.auth_token is None:
+            return {}
+        if self.provider == "twilio":
+            return {"X-Twilio-Signature": twilio_signature(self.auth_token, self.url, {})}
+        if self.provider == "plivo":
+            nonce = uuid.uuid4().hex
+            return {
+                "X-Plivo-Signature-V3": plivo_signature(self.auth_token, self.url, nonce),
+                "X-Plivo-Signature-V3-Nonce": nonce,
+            }
+        return {}
+
     async def connect(self) -> None:
-        self.ws = await websockets.connect(self.url, max_size=None)
+        """Open the stream (`websockets.InvalidStatus` when the server refuses the upgrade),
+        then send what the provider sends first."""
+        self.ws = await websockets.connect(
+            self.url, max_size=None, additional_headers=self.signature_headers()
+        )
         if self.provider != "plivo":
             connected = {"event": "connected", "version": "1.0.0"}
             if self.provider == "twilio":

@@ -92,12 +92,22 @@ class PhoneConfig(_Strict):
     twilio_auth_token_env: str = Field(
         "TWILIO_AUTH_TOKEN",
         description="environment variable holding the Twilio account's auth token; set, the "
-        "voice webhook takes only requests whose X-Twilio-Signature it verifies",
+        "voice webhook and the /v1/phone/twilio WebSocket upgrade are taken only with an "
+        "X-Twilio-Signature that verifies (403 otherwise)",
+    )
+    plivo_auth_token_env: str = Field(
+        "PLIVO_AUTH_TOKEN",
+        description="environment variable holding the Plivo account's auth token; set, the "
+        "/v1/phone/plivo WebSocket upgrade is taken only with an X-Plivo-Signature-V3 that "
+        "verifies (403 otherwise). Telnyx signs no stream upgrade: nothing to set for it",
     )
     routes: dict[Route, PhoneRoute] = Field(default_factory=dict)
 
     def twilio_auth_token(self) -> str | None:
         return os.environ.get(self.twilio_auth_token_env) or None
+
+    def plivo_auth_token(self) -> str | None:
+        return os.environ.get(self.plivo_auth_token_env) or None
 
     def session_for(self, route: str) -> dict[str, Any]:
         """The route's session settings laid over the default route's."""

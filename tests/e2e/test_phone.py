@@ -25,20 +25,39 @@ from tests.e2e.test_webrtc import assert_pipeline_idle, get_json, settle
 
 LOUD = 0.05  # the simulated tone peaks at 0.1
 IDLE_S = 6.0
+TOKENS = {"twilio": "e2e-twilio-auth-token", "plivo": "e2e-plivo-auth-token"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def phone_config(tmp_path_factory: pytest.TempPathFactory, **phone: Any) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
     cfg["phone"] = {
         "idle_timeout_s": IDLE_S,
         "goodbye_max_s": 2.0,
         "start_timeout_s": 2.0,
         "routes": {"default": {"session": {"max_output_tokens": 40}}},  # about 6 s of answer
+        **phone,
     }
     path = Path(tmp_path_factory.mktemp("phone")) / "phone.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    with serving("--max-sessions", "3", config=path) as url:
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving("--max-sessions", "3", config=phone_config(tmp_path_factory)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def signed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The accounts' auth tokens set: Twilio's and Plivo's stream upgrades must be signed."""
+    env = {"RTO_E2E_TWILIO_TOKEN": TOKENS["twilio"], "RTO_E2E_PLIVO_TOKEN": TOKENS["plivo"]}
+    path = phone_config(
+        tmp_path_factory,
+        twilio_auth_token_env="RTO_E2E_TWILIO_TOKEN",
+        plivo_auth_token_env="RTO_E2E_PLIVO_TOKEN",
+    )
+    with serving("--max-sessions", "3", config=path, env=env) as url:
         yield url
 
 
@@ -178,3 +197,39 @@ def test_twilio_voice_webhook_answers_twiml_for_the_stream(server: str) -> None:
     assert f'<Connect><Stream url="wss://{host}/v1/phone/twilio">' in text
     assert '<Parameter name="from" value="+15550100"/>' in text
     assert '<Parameter name="call_sid" value="CA123"/>' in text
+
+
+@pytest.mark.parametrize("provider", ["twilio", "plivo", "telnyx"])
+def test_with_the_accounts_token_set_a_stream_must_be_signed(
+    signed_server: str, provider: str
+) -> None:
+    """Twilio and Plivo sign a stream's WebSocket upgrade with the account's auth token: one
+    unsigned or signed with another token is refused (403) before it is accepted, a signed one
+    becomes a call. Telnyx signs no upgrade, so its streams are taken without one."""
+
+    async def body() -> None:
+        if provider != "telnyx":
+            for token in (None, "not-the-accounts-token"):
+                forged = ProviderCall(signed_server, provider, auth_token=token)
+                try:
+                    with pytest.raises(websockets.InvalidStatus) as refused:
+                        await forged.connect()
+                finally:
+                    if forged.ws is not None:  # taken after all: leave no call to the next test
+                        await forged.hang_up()
+                assert refused.value.response.status_code == 403
+        call = ProviderCall(signed_server, provider, auth_token=TOKENS.get(provider))
+        await call.connect()
+        try:
+            deadline = time.monotonic() + timeout(10)
+            while not (live := await phone_stats(signed_server)):
+                assert time.monotonic() < deadline, "the signed stream did not become a call"
+                await asyncio.sleep(0.05)
+            assert [c["call_id"] for c in live] == [call.call_id]
+            assert live[0]["session_id"] is not None
+        finally:
+            await call.hang_up()
+        st = await settle(signed_server)
+        assert st["sessions"] == 0 and st["phone"] == []
+
+    run(body(), 60)

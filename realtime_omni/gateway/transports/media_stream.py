@@ -22,8 +22,10 @@ Bad input (not JSON, an unknown event, bad base64, `media` before `start`, a sec
 logged and dropped; the call goes on. Before `start` a stream has shown no token (Twilio's comes
 in it): at most `phone.max_pending_streams` such streams wait at once, and a message larger
 than `phone.max_start_bytes` ends one. The voice webhook's body is read up to
-`MAX_WEBHOOK_BYTES`, and with the account's auth token set (`phone.twilio_auth_token_env`) only
-a request Twilio signed (`X-Twilio-Signature`) is answered.
+`MAX_WEBHOOK_BYTES`. With a provider's auth token set (`phone.twilio_auth_token_env`,
+`phone.plivo_auth_token_env`) only what it signed is taken: Twilio's webhook and stream
+upgrades, Plivo's stream upgrades; Telnyx signs no stream upgrade (`signatures.py` says what
+each provider signs, and where that is documented).
 """
 
 from __future__ import annotations
@@ -54,13 +56,8 @@ from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.protocol import ProtocolError, loads
 from realtime_omni.gateway.session import Session
-from realtime_omni.gateway.transports import phone
-from realtime_omni.gateway.transports.phone import (
-    FRAME_SAMPLES,
-    RATE_HZ,
-    public_http_url,
-    twilio_signature_ok,
-)
+from realtime_omni.gateway.transports import phone, signatures
+from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
 from realtime_omni.gateway.transports.webrtc import SignallingError, read_bytes
 
 if TYPE_CHECKING:
@@ -535,6 +532,10 @@ class PhoneCalls:
         if dialect is None or not self.gw.config.phone.enabled:
             await ws.close(code=1008, reason="no such phone route")
             return
+        if (why := signatures.upgrade_refusal(dialect.name, ws, self.gw.config.phone)) is not None:
+            log.warning("%s stream refused: %s", dialect.name, why)
+            await ws.close(code=1008, reason="the provider's signature does not match")
+            return
         # Streams before `start` have shown no token yet: a bounded few may wait at once.
         waiting = sum(1 for c in self.live if c.session is None)
         if waiting >= self.gw.config.phone.max_pending_streams:
@@ -574,8 +575,9 @@ async def twilio_voice(request: Request) -> Response:
     form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     token = config.twilio_auth_token()
     if token is not None:
-        url = public_http_url(request, config)
-        if not twilio_signature_ok(token, url, form, request.headers.get("x-twilio-signature")):
+        url = signatures.public_url(request, config)
+        signed = request.headers.get("x-twilio-signature")
+        if not signatures.twilio_signature_ok(token, url, form, signed):
             log.warning("twilio webhook refused: X-Twilio-Signature does not match %s", url)
             return SignallingError(403, "X-Twilio-Signature does not match", "forbidden").response()
     fields = (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))

@@ -9,15 +9,9 @@ goodbye is over.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit
-
-from starlette.requests import Request
 
 from realtime_omni.aio import within
 from realtime_omni.gateway.config import PhoneConfig, merge
@@ -52,50 +46,6 @@ async def apply_settings(
             refused = [e]
         for e in refused:  # the rest applied
             log.warning("%s call: a session setting was refused: %s", route, e)
-
-
-def public_http_url(request: Request, config: PhoneConfig) -> str:
-    """The URL a provider requested, as it named it (what Twilio signs): `phone.public_url` made
-    http(s), else this request's host behind `X-Forwarded-Proto`; then the path and query."""
-    if config.public_url:
-        base = config.public_url.rstrip("/")
-        base = "http" + base[2:] if base.startswith("ws") else base  # ws -> http, wss -> https
-    else:
-        proto = request.headers.get("x-forwarded-proto", request.url.scheme)
-        host = request.headers.get("x-forwarded-host") or request.headers.get("host", "localhost")
-        base = f"{proto}://{host}"
-    query = request.url.query
-    return base + request.url.path + (f"?{query}" if query else "")
-
-
-def twilio_signature(token: str, url: str, form: dict[str, list[str]]) -> str:
-    """Twilio's X-Twilio-Signature: HMAC-SHA1 of the URL and the form's fields sorted by name,
-    each name followed by its value, keyed by the account's auth token, in base64."""
-    data = url + "".join(k + v for k in sorted(form) for v in sorted(form[k]))
-    mac = hmac.new(token.encode(), data.encode(), hashlib.sha1).digest()
-    return base64.b64encode(mac).decode()
-
-
-def twilio_signature_ok(
-    token: str, url: str, form: dict[str, list[str]], given: str | None
-) -> bool:
-    """Whether `given` signs this request; the URL with and without its scheme's default port,
-    as Twilio's own validator tries (which Twilio signs depends on how the number's URL was
-    written)."""
-    if not given:
-        return False
-    parts = urlsplit(url)
-    default = {"https": 443, "http": 80}.get(parts.scheme)
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    bare = parts._replace(netloc=host).geturl()
-    ported = parts._replace(netloc=f"{host}:{parts.port or default}").geturl()
-    return any(
-        hmac.compare_digest(
-            twilio_signature(token, u, form).encode(), given.encode("utf-8", "replace")
-        )
-        for u in {url, bare, ported}
-    )
 
 
 def items_summary(session: Session) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
-"""What a phone provider's requests must show before they cost anything: a signed webhook, a
-bounded body, few streams waiting unauthenticated, small messages before `start`, and a stream
-token that is a key or the webhook's own secret."""
+"""What a phone provider's requests must show before they cost anything: a signed webhook and
+signed stream upgrades (Twilio, Plivo), a bounded body, few streams waiting unauthenticated,
+small messages before `start`, and a stream token that is a key or the webhook's own secret."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from urllib.parse import parse_qs
 import pytest
 import websockets
 
-from realtime_omni.gateway.transports.phone import twilio_signature
+from realtime_omni.gateway.transports.signatures import (
+    plivo_signature,
+    plivo_signature_ok,
+    twilio_signature,
+    twilio_signature_ok,
+)
 from tests.conftest import timeout
 from tests.unit.gateway.app_harness import Served, bearer, gateway_server, refused
 
 KEY = "sk-unit-0123"
 TOKEN_ENV = "RTO_TEST_TWILIO_TOKEN"
+PLIVO_ENV = "RTO_TEST_PLIVO_TOKEN"
 
 
 def test_the_twilio_signature_is_twilios() -> None:
@@ -31,6 +37,73 @@ def test_the_twilio_signature_is_twilios() -> None:
     }
     url = "https://mycompany.com/myapp.php?foo=1&bar=2"
     assert twilio_signature("12345", url, form) == "RSOYDt4T1cUTdK1PDd93/VVr8B8="
+
+
+def test_twilio_signs_a_stream_upgrade_over_its_wss_url() -> None:
+    """The value is `printf %s URL | openssl dgst -sha1 -hmac twilio-auth-token -binary | base64`:
+    an upgrade has no form fields, so the URL alone is signed."""
+    url = "wss://voice.example.com/v1/phone/twilio"
+    signed = "vFvCFLzEiBbdwgFjZ/q2aax8NCA="
+    assert twilio_signature("twilio-auth-token", url, {}) == signed
+    assert twilio_signature_ok("twilio-auth-token", url, {}, signed)
+    # the number's URL may have been written with the default port, or the server see it so
+    assert twilio_signature_ok("twilio-auth-token", url.replace(".com", ".com:443"), {}, signed)
+    assert not twilio_signature_ok("twilio-auth-token", url.replace("wss", "https"), {}, signed)
+    assert not twilio_signature_ok("another-token", url, {}, signed)
+    assert not twilio_signature_ok("twilio-auth-token", url, {}, None)
+
+
+def test_the_plivo_signature_is_plivos() -> None:
+    """X-Plivo-Signature-V3 on a GET, computed from Plivo's description rather than by the code
+    under test: `printf %s 'URL-with-its-query-sorted.NONCE' | openssl dgst -sha256 -hmac
+    plivo-auth-token -binary | base64`."""
+    url = "wss://voice.example.com/v1/phone/plivo?b=3&a=1&b=2"
+    nonce = "0123456789"
+    signed = "SM+kM1zDotxgSonZ8IRNrb+5/d1cgWandb2jsBPyw5A="  # over ...plivo?a=1&b=2&b=3.0123456789
+    as_https = "Dv9ynCp+J7olyk+zgF1EOyPtEXQWOe6X0P0dy0MWSYo="  # the same URL spelt https://
+    assert plivo_signature("plivo-auth-token", url, nonce) == signed
+    assert plivo_signature_ok("plivo-auth-token", url, nonce, [signed])
+    assert plivo_signature_ok("plivo-auth-token", url, nonce, [as_https])  # Plivo's SDKs' spelling
+    # while a token rotates Plivo sends a comma-separated list
+    assert plivo_signature_ok("plivo-auth-token", url, nonce, [f"bm90LXRoaXMtb25l, {signed}"])
+    assert not plivo_signature_ok("plivo-auth-token", url, "9876543210", [signed])
+    assert not plivo_signature_ok("plivo-auth-token", url, None, [signed])
+    assert not plivo_signature_ok("another-token", url, nonce, [signed])
+    assert not plivo_signature_ok("plivo-auth-token", url.replace("b=2", "b=4"), nonce, [signed])
+    assert not plivo_signature_ok("plivo-auth-token", url, nonce, [])
+
+
+def test_stream_upgrades_need_the_providers_signature() -> None:
+    """With the accounts' tokens set, a Twilio or Plivo stream whose upgrade is unsigned, signed
+    with another token or over another URL is refused before it is accepted; Telnyx, which signs
+    no upgrade, is let in as before."""
+    env = {TOKEN_ENV: "twilio-auth-token", PLIVO_ENV: "plivo-auth-token"}
+    phone = {"twilio_auth_token_env": TOKEN_ENV, "plivo_auth_token_env": PLIVO_ENV}
+    with gateway_server(env=env, phone=phone) as srv:
+        ws_url = f"ws://127.0.0.1:{srv.port}/v1/phone/twilio"
+        assert refused(srv, "/v1/phone/twilio", {}) == 403
+        forged = {"X-Twilio-Signature": twilio_signature("another-token", ws_url, {})}
+        assert refused(srv, "/v1/phone/twilio", forged) == 403
+        good = {"X-Twilio-Signature": twilio_signature("twilio-auth-token", ws_url, {})}
+        assert refused(srv, "/v1/phone/twilio", good) == 0
+        # behind a TLS proxy the URL Twilio connected to, and signed, is wss://
+        tls = {**good, "X-Forwarded-Proto": "https"}
+        assert refused(srv, "/v1/phone/twilio", tls) == 403
+        wss_url = ws_url.replace("ws://", "wss://")
+        tls["X-Twilio-Signature"] = twilio_signature("twilio-auth-token", wss_url, {})
+        assert refused(srv, "/v1/phone/twilio", tls) == 0
+
+        path = "/v1/phone/plivo?from=%2B15550100"
+        url = f"ws://127.0.0.1:{srv.port}{path}"
+        nonce = {"X-Plivo-Signature-V3-Nonce": "13579"}
+        assert refused(srv, path, nonce) == 403
+        forged = {**nonce, "X-Plivo-Signature-V3": plivo_signature("another-token", url, "13579")}
+        assert refused(srv, path, forged) == 403
+        good = {**nonce, "X-Plivo-Signature-V3": plivo_signature("plivo-auth-token", url, "13579")}
+        assert refused(srv, path, good) == 0
+        assert refused(srv, path, {**good, "X-Plivo-Signature-V3-Nonce": "24680"}) == 403
+
+        assert refused(srv, "/v1/phone/telnyx", {}) == 0
 
 
 def test_the_voice_webhook_takes_only_requests_twilio_signed() -> None:
