@@ -254,6 +254,7 @@ async def _stats(request: Request) -> Response:
             "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
             "gateway_process": _process_stats(),
             "pids": {p: gw.coord.pid_of(p) for p in gw.coord.graph.local_processes()},
+            "spares_loaded": gw.coord.spares_loaded(),
             "sip": request.app.state.sip.status() if request.app.state.sip else None,
         }
     )

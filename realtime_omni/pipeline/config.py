@@ -121,6 +121,12 @@ class RuntimeConfig(_Strict):
     ready_timeout_s: float = Field(default=120.0, gt=0, description="Stage start-up limit.")
     abort_timeout_s: float = Field(default=5.0, gt=0, description="Wait for every AbortAck.")
     restart_stages: bool = Field(default=True, description="Restart a stage process that died.")
+    fork_server: bool = Field(
+        default=True,
+        description="Start local stage processes as forks of one process that has imported "
+        "their executors' modules (torch, transformers) already: a start or restart costs the "
+        "model's load, not seconds of imports. Off: each is a fresh interpreter.",
+    )
     warm_spares: bool = Field(
         default=False,
         description="Keep a started, loaded spare of every local stage process: one that dies "

@@ -445,7 +445,8 @@ def test_segments_left_by_a_killed_server_are_cleaned_at_the_next_start(tmp_path
     try:
         assert server.stdout is not None
         assert server.stdout.readline().strip() == b"ready"
-        children = psutil.Process(server.pid).children()
+        # the fork server and the stage processes forked from it
+        children = psutil.Process(server.pid).children(recursive=True)
         assert len(list_segments(server.pid)) > 0
         server.kill()
         server.wait()
