@@ -49,6 +49,7 @@ from realtime_omni.errors import (
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.forkserver import Forked, ForkServer
 from realtime_omni.pipeline.graph import Graph, group_of
 from realtime_omni.pipeline.ray_placement import RayPlacement, RayProcess
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload, copy_payload
@@ -61,6 +62,7 @@ from realtime_omni.pipeline.shm import (
 from realtime_omni.pipeline.worker import ARGS_ENV, MAX_DRAIN, WorkerArgs
 
 log = logging.getLogger(__name__)
+LocalProcess = subprocess.Popen[bytes] | Forked  # a stage process started here
 _MONITOR_S = 0.05  # sentinel poll period of the monitor thread
 _SESSION_ROUTES = 4096  # sessions whose replicas are remembered (least recently used go)
 _END = object()
@@ -154,8 +156,10 @@ class Coordinator:
         self.owner_pid = os.getpid()
         self.epochs = {p: 0 for p in self.graph.processes()}
         self.ipc_dir: Path | None = None
-        # Stage processes this coordinator started: Popen here, RayProcess with placement ray.
-        self._procs: dict[str, subprocess.Popen[bytes] | RayProcess] = {}
+        # Stage processes this coordinator started: forked by the fork server (or Popen, with
+        # runtime.fork_server off) here, RayProcess with placement ray.
+        self._procs: dict[str, LocalProcess | RayProcess] = {}
+        self._forks: ForkServer | None = None
         self._ray: RayPlacement | None = None
         self._ready: dict[str, asyncio.Future[None]] = {}
         self._peer_up_waiting: dict[str, set[str]] = {}
@@ -181,7 +185,7 @@ class Coordinator:
         self._session_routes: OrderedDict[str, dict[str, tuple[int, int]]] = OrderedDict()
         # Warm spares (runtime.warm_spares): a loaded process per local stage process, bound to
         # an epoch of its own that no peer knows until it takes over.
-        self._spares: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}  # process -> (epoch, it)
+        self._spares: dict[str, tuple[int, LocalProcess]] = {}  # process -> (epoch, it)
         self._spare_ready: dict[str, asyncio.Future[None]] = {}
         self._next_epoch = dict(self.epochs)  # the last epoch handed out, per process
 
@@ -231,6 +235,14 @@ class Coordinator:
         self._recv_task = asyncio.create_task(self._receive())
         self._stop_monitor = threading.Event()
         try:
+            if rt.fork_server and self._ray is None:
+                modules = {"realtime_omni.pipeline.worker"} | {
+                    self.cfg.stages[s].executor.partition(":")[0]
+                    for p in self.graph.local_processes()
+                    for s in self.graph.groups[group_of(p)].stages
+                }
+                self._forks = ForkServer(sorted(modules))
+                await asyncio.to_thread(self._forks.wait_ready)
             started = self.graph.processes() if self._ray else self.graph.local_processes()
             for p in self.graph.processes():
                 self._ready[p] = self.loop.create_future()
@@ -260,10 +272,15 @@ class Coordinator:
             moved=dict(self.graph.moved),
         )
 
-    def _spawn(self, process: str, epoch: int | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, process: str, epoch: int | None = None) -> LocalProcess:
         args = self._worker_args(process, epoch)
         env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
-        proc = subprocess.Popen([sys.executable, "-m", "realtime_omni.pipeline.worker"], env=env)
+        proc: LocalProcess
+        if self._forks is not None:
+            proc = self._forks.spawn(env)
+        else:
+            argv = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
+            proc = subprocess.Popen(argv, env=env)
         if epoch is None:
             self._procs[process] = proc
         return proc
@@ -358,6 +375,8 @@ class Coordinator:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=5)
+        if self._forks is not None:
+            self._forks.close()
         if hasattr(self, "_recv_task"):
             self._recv_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -671,7 +690,7 @@ class Coordinator:
         try:
             while not self._stop_monitor.is_set():
                 for p, pr in list(self._procs.items()):
-                    if not isinstance(pr, subprocess.Popen):
+                    if isinstance(pr, RayProcess):
                         continue  # run by Ray, perhaps on another node: `_watch_ray`
                     if pr.pid not in fds:
                         with contextlib.suppress(ProcessLookupError):
@@ -819,3 +838,7 @@ class Coordinator:
     def pid_of(self, process: str) -> int | None:
         proc = self._procs.get(process)
         return proc.pid if proc is not None else None
+
+    def spares_loaded(self) -> dict[str, bool]:
+        """Per local process with a warm spare (`runtime.warm_spares`): whether it has loaded."""
+        return {p: fut.done() for p, fut in self._spare_ready.items()}
