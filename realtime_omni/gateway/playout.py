@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from realtime_omni.errors import OmniError
 
-class PlayoutFull(Exception):
+
+class PlayoutFull(OmniError):
     """A write would take the queue past its `max_samples`."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from realtime_omni.errors import OmniError
 from realtime_omni.gateway import audio
 from realtime_omni.gateway.conversation import Item, Part, new_id
 from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
@@ -24,7 +25,7 @@ MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class ProtocolError(Exception):
+class ProtocolError(OmniError):
     """A client event the server refuses; becomes an `error` event, the connection lives on."""
 
     def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:

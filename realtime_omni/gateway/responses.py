@@ -18,7 +18,7 @@ import numpy as np
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.audio import Resampler
 from realtime_omni.gateway.conversation import Item, new_id
-from realtime_omni.gateway.playout import Playout
+from realtime_omni.gateway.playout import Playout, PlayoutFull
 from realtime_omni.gateway.protocol import ProtocolError
 from realtime_omni.gateway.settings import Tool
 from realtime_omni.gateway.tool_calls import Call, ToolCallStream
@@ -180,6 +180,12 @@ class Responses:
                 self._write_audio(resp, resp.resampler.flush(), None)
             while self.playout.queued_of(resp.item.id) > 0:  # done once it has been heard
                 await asyncio.sleep(0.01)
+        except (PlayoutFull, ProtocolError):  # the gateway's own limits broken: a bug
+            log.exception("response %s failed", resp.id)
+            self._flush(resp.item.id)
+            error = {"type": "server_error", "message": "the server failed; it logged why"}
+            self._finish(resp, "failed", {"type": "failed", "error": error})
+            return
         except OmniError as e:
             log.warning("response %s failed: %s", resp.id, e)
             self._flush(resp.item.id)

@@ -16,6 +16,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from realtime_omni.errors import OmniError
+
 CLIENT = "client"
 
 
@@ -206,7 +208,7 @@ def decode(frame: bytes | memoryview) -> Message:
     return _decoder.decode(frame)
 
 
-class Malformed(Exception):
+class Malformed(OmniError):
     """A message that does not decode, or whose frames are not the ones it announces. Its
     frames were all taken off the socket: the caller logs it and goes on."""
 

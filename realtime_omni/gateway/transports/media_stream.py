@@ -51,6 +51,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.aio import within
+from realtime_omni.errors import OmniError
 from realtime_omni.gateway import audio
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
@@ -70,7 +71,7 @@ MAX_LOGGED = 5  # bad messages logged per call; the rest are counted
 MAX_WEBHOOK_BYTES = 64 << 10  # a voice webhook's form: Twilio's is about 1 KB
 
 
-class BadMessage(Exception):
+class BadMessage(OmniError):
     """A message that does not follow the provider's protocol."""
 
 

@@ -50,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from realtime_omni.aio import within
+from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id, loads
 from realtime_omni.gateway.session import Session
@@ -78,7 +79,7 @@ MAX_INBOX = 256  # client events received and not yet handled; more get an error
 MAX_BUFFERED_BYTES = 8 << 20  # data-channel bytes the client has not taken; more ends the call
 
 
-class SignallingError(Exception):
+class SignallingError(OmniError):
     """A refused offer or hang-up: the HTTP status and a message for the client."""
 
     def __init__(self, status: int, message: str, code: str = "invalid_request") -> None:

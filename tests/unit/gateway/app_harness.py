@@ -54,6 +54,9 @@ class AppCoord(FakeCoord):
     def pid_of(self, process: str) -> int | None:
         return None
 
+    def spares_loaded(self) -> dict[str, bool]:
+        return {}
+
     async def close(self) -> None:
         pass
 
