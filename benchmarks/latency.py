@@ -55,7 +55,7 @@ from realtime_omni import aio  # noqa: E402
 from realtime_omni.clients import baresip  # noqa: E402
 from realtime_omni.clients.media_stream import ProviderCall  # noqa: E402
 from realtime_omni.clients.webrtc import Caller, espeak, http  # noqa: E402
-from realtime_omni.gateway.audio import resample  # noqa: E402
+from realtime_omni.gateway.media.audio import resample  # noqa: E402
 from realtime_omni.pipeline.worker import freeze_start_up  # noqa: E402
 
 CONFIGS = {

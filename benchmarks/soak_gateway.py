@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from realtime_omni.clients.webrtc import espeak, http  # noqa: E402
-from realtime_omni.gateway.audio import float_to_pcm16, resample  # noqa: E402
+from realtime_omni.gateway.media.audio import float_to_pcm16, resample  # noqa: E402
 
 PIECE = 960  # bytes: 20 ms of 24 kHz pcm16
 RSS_SLACK = 0.10  # of the first round's RSS: what heavy callers at random moments vary it by

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from realtime_omni.clients.room import RATE_HZ, RoomCall  # noqa: E402
 from realtime_omni.clients.webrtc import espeak  # noqa: E402
-from realtime_omni.gateway.audio import resample  # noqa: E402
+from realtime_omni.gateway.media.audio import resample  # noqa: E402
 
 BOT_SPEECH = (
     "The weather today is sunny with a light breeze from the west. It will stay warm until the "

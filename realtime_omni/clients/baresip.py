@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime_omni.gateway.audio import float_to_pcm16
+from realtime_omni.gateway.media.audio import float_to_pcm16
 
 RATE_HZ = 8000
 

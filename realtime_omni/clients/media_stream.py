@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import websockets
 
-from realtime_omni.gateway.audio import ulaw_decode, ulaw_encode
+from realtime_omni.gateway.media.audio import ulaw_decode, ulaw_encode
 from realtime_omni.gateway.transports.signatures import plivo_signature, twilio_signature
 
 RATE_HZ = 8000

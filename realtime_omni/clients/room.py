@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import websockets
 
-from realtime_omni.gateway.audio import (
+from realtime_omni.gateway.media.audio import (
     Resampler,
     float_to_pcm16,
     pcm16_to_float,

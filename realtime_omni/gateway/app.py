@@ -43,8 +43,8 @@ from realtime_omni.gateway.event_log import EventLog
 from realtime_omni.gateway.memory import HeapTrimmer
 from realtime_omni.gateway.origins import OriginMiddleware, host_name, is_loopback
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
-from realtime_omni.gateway.session import EndOfTurnModel, Session, VadModel
-from realtime_omni.gateway.settings import Settings, Voices
+from realtime_omni.gateway.protocol.settings import Settings, Voices
+from realtime_omni.gateway.session.driver import EndOfTurnModel, Session, VadModel
 from realtime_omni.gateway.transports import media_stream, realtime_calls
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
@@ -95,11 +95,11 @@ class Gateway:
             self.coord = Coordinator(self.pipeline)
             await self.coord.start()
         if self.config.vad:  # import torch and load the model now, not on a first call
-            from realtime_omni.gateway.vad import SileroVad
+            from realtime_omni.models.silero_vad import SileroVad
 
             self.vad_factory = (await asyncio.to_thread(SileroVad)).stream
         if self.config.realtime.smart_turn_dir:
-            from realtime_omni.gateway.end_of_turn import SmartTurn
+            from realtime_omni.models.smart_turn import SmartTurn
 
             self.end_of_turn = await asyncio.to_thread(
                 SmartTurn, self.config.realtime.smart_turn_dir

@@ -40,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from realtime_omni.errors import ConfigError
-from realtime_omni.gateway.settings import DEFAULT_VOICES
+from realtime_omni.gateway.protocol.settings import DEFAULT_VOICES
 from realtime_omni.pipeline.config import GATEWAY_SECTIONS, PipelineConfig, load_config
 
 Route = Literal["default", "twilio", "telnyx", "plivo", "sip"]
@@ -218,7 +218,7 @@ class RealtimeConfig(_Strict):
         None,
         description="directory holding Smart Turn v3's ONNX model (smart-turn-v3*.onnx; "
         "pipecat-ai's wheel ships one): semantic_vad then ends a turn when it sounds complete "
-        "(gateway/end_of_turn.py); None: semantic_vad is a silence set by its eagerness",
+        "(gateway/turns/end_of_turn.py); None: semantic_vad is a silence set by its eagerness",
     )
 
     def api_keys(self) -> frozenset[str]:

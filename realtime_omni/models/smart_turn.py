@@ -1,90 +1,99 @@
-"""A random-weight Smart Turn v3 of the real signature, for tests and benchmarks.
-
-Smart Turn v3 (Pipecat's end-of-turn model) is Whisper's encoder over 80 log-mel bands by 800
-frames (8 s of 16 kHz audio), attention pooling over time and a small classifier, exported to
-ONNX with one input `input_features` [batch, 80, 800] and one output `logits` [batch, 1] that
-holds the sigmoid probability that the turn is complete. This builds the same layers (smaller,
-unless `real_size`) with random weights and exports them the same way, so the gateway's
-`end_of_turn.SmartTurn` loads and runs it as it would the real file. `bias` steers the answer:
-+6 makes every turn sound complete, -6 none; 0 leaves it to the random weights.
-
-    python -m realtime_omni.models.smart_turn DIR [--bias 6] [--real-size]
+"""Pipecat's Smart Turn v3 (open weights, BSD 2-clause, ONNX) run with onnxruntime: the last 8 s
+of a turn's 16 kHz audio as 80 Whisper log-mel bands by 800 frames in, the probability that the
+turn is complete out (`gateway/turns/end_of_turn.py` decides when to ask). It loads from the
+directory `realtime.smart_turn_dir` names; nothing is downloaded. `log_mel` computes those
+features in numpy, as Whisper's feature extractor does.
 """
 
 from __future__ import annotations
 
-import argparse
-import warnings
+import asyncio
 from pathlib import Path
 
-import torch
-from torch import nn
-from transformers import WhisperConfig
-from transformers.models.whisper.modeling_whisper import WhisperEncoder
+import numpy as np
 
-FILE = "smart-turn-v3-random.onnx"
+from realtime_omni.errors import ConfigError
+
+SAMPLE_RATE_HZ = 16000
+SECONDS = 8  # what Smart Turn sees: the turn's last 8 s, zero-padded in front
+N_FFT, HOP, N_MELS = 400, 160, 80
+FRAMES = SECONDS * SAMPLE_RATE_HZ // HOP  # 800
 
 
-class SmartTurnV3(nn.Module):
-    def __init__(self, real_size: bool = False) -> None:
-        super().__init__()
-        d, layers, heads, ffn = (384, 4, 6, 1536) if real_size else (64, 2, 2, 128)
-        cfg = WhisperConfig(
-            d_model=d,
-            encoder_layers=layers,
-            encoder_attention_heads=heads,
-            encoder_ffn_dim=ffn,
-            num_mel_bins=80,
-            max_source_positions=400,  # 800 frames after the stride-2 convolution
+def _mel_filters() -> np.ndarray:
+    """Slaney-scale triangular filters with Slaney area normalisation, 0-8 kHz: (80, 201)."""
+
+    def mel(f: np.ndarray) -> np.ndarray:
+        log_part = 15 + 27 * np.log(np.maximum(f, 1e-9) / 1000) / np.log(6.4)
+        return np.where(f < 1000, 3 * f / 200, log_part)
+
+    def hz(m: np.ndarray) -> np.ndarray:
+        return np.where(m < 15, 200 * m / 3, 1000 * np.exp((m - 15) * np.log(6.4) / 27))
+
+    edges = hz(np.linspace(mel(np.array(0.0)), mel(np.array(SAMPLE_RATE_HZ / 2)), N_MELS + 2))
+    freqs = np.linspace(0, SAMPLE_RATE_HZ / 2, N_FFT // 2 + 1)
+    lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    tri = np.maximum(0, np.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)))
+    return (tri * (2 / (hi - lo))).astype(np.float32)
+
+
+_FILTERS = _mel_filters()
+_WINDOW = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
+
+
+def log_mel(audio: np.ndarray) -> np.ndarray:
+    """Smart Turn's input for 16 kHz float audio: its last 8 s, zero-padded in front, scaled to
+    zero mean and unit variance, as Whisper's log-mel (80, 800) float32."""
+    n = SECONDS * SAMPLE_RATE_HZ
+    x = np.asarray(audio, np.float32).reshape(-1)[-n:]
+    x = np.pad(x, (n - len(x), 0))
+    x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)
+    x = np.pad(x, N_FFT // 2, mode="reflect")
+    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP][:FRAMES]
+    power = np.abs(np.fft.rfft(frames * _WINDOW, axis=1)) ** 2
+    spec = np.log10(np.maximum(_FILTERS @ power.T, 1e-10))
+    spec = np.maximum(spec, spec.max() - 8.0)
+    return ((spec + 4.0) / 4.0).astype(np.float32)
+
+
+class SmartTurn:
+    """One Smart Turn v3 model for every session (`complete` runs one question at a time, in a
+    worker thread: ~10-30 ms on one core). Construct it in a thread: it loads the model."""
+
+    def __init__(self, directory: str | Path) -> None:
+        import onnxruntime as ort
+
+        d = Path(directory)
+        found = sorted(d.glob("smart-turn*.onnx")) or sorted(d.glob("*.onnx"))
+        if not found:
+            raise ConfigError(
+                f"realtime.smart_turn_dir = {str(d)!r} holds no ONNX model. Fix: put Smart "
+                "Turn's smart-turn-v3*.onnx there (pipecat-ai's wheel ships one under "
+                "pipecat/audio/turn/smart_turn/data/), or leave the field unset"
+            )
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1  # the gateway's cores are the calls' media
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.path = found[-1]
+        self._session = ort.InferenceSession(
+            str(self.path), opts, providers=["CPUExecutionProvider"]
         )
-        self.encoder = WhisperEncoder(cfg)
-        self.pool_attention = nn.Sequential(nn.Linear(d, 256), nn.Tanh(), nn.Linear(256, 1))
-        self.classifier = nn.Sequential(
-            nn.Linear(d, 256),
-            nn.LayerNorm(256),
-            nn.GELU(),
-            nn.Dropout(0.1),
-            nn.Linear(256, 64),
-            nn.GELU(),
-            nn.Linear(64, 1),
-        )
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1 or list(inputs[0].shape)[1:] != [N_MELS, FRAMES]:
+            got = [(i.name, i.shape) for i in inputs]
+            raise ConfigError(
+                f"{self.path} is not a Smart Turn v3 model: its inputs are {got}, "
+                f"not one of shape [batch, {N_MELS}, {FRAMES}]"
+            )
+        self._input = inputs[0].name
+        self._lock = asyncio.Lock()
 
-    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
-        h = self.encoder(input_features).last_hidden_state
-        w = torch.softmax(self.pool_attention(h), dim=1)
-        return torch.sigmoid(self.classifier((w * h).sum(dim=1)))
+    def predict(self, audio: np.ndarray) -> float:
+        """P(the turn is complete) for 16 kHz audio. Blocking: call it off the event loop."""
+        out = self._session.run(None, {self._input: log_mel(audio)[None]})[0]
+        return float(np.asarray(out).reshape(-1)[0])
 
-
-def build(directory: str | Path, bias: float = 0.0, real_size: bool = False, seed: int = 0) -> Path:
-    """Write `FILE` into `directory`; its path."""
-    torch.manual_seed(seed)
-    model = SmartTurnV3(real_size).eval()
-    last = model.classifier[-1]
-    assert isinstance(last, nn.Linear)
-    with torch.no_grad():
-        last.weight.mul_(0.1)  # the bias decides, the audio nudges
-        last.bias.fill_(bias)
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / FILE
-    with warnings.catch_warnings():  # the TorchScript exporter's notes on itself and on tracing
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (torch.zeros(1, 80, 800),),
-            str(path),
-            input_names=["input_features"],
-            output_names=["logits"],
-            dynamic_axes={"input_features": {0: "batch_size"}, "logits": {0: "batch_size"}},
-            dynamo=False,
-        )
-    return path
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("directory")
-    p.add_argument("--bias", type=float, default=0.0)
-    p.add_argument("--real-size", action="store_true")
-    a = p.parse_args()
-    print(build(a.directory, a.bias, a.real_size))
+    async def complete(self, audio: np.ndarray) -> float:
+        async with self._lock:
+            return await asyncio.to_thread(self.predict, audio)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from realtime_omni.clients.webrtc import espeak
-from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.media.audio import resample
 from tests.conftest import ROOT, free_port, timeout
 from tests.e2e.shapes import check_log
 

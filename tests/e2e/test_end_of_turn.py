@@ -17,7 +17,7 @@ from tests.e2e.test_realtime_ws import connect, send_audio, until
 
 @pytest.fixture(scope="module")
 def semantic_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from realtime_omni.models.smart_turn import build
+    from tests.models.random_smart_turn import build
 
     root = tmp_path_factory.mktemp("eot")
     model = build(root / "smart_turn", bias=6).parent  # every turn sounds complete

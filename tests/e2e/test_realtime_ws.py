@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from realtime_omni.gateway.audio import float_to_pcm16
+from realtime_omni.gateway.media.audio import float_to_pcm16
 from tests.conftest import run, timeout
 from tests.e2e.conftest import MAX_SESSIONS
 

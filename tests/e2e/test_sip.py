@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from realtime_omni.clients.baresip import dial, loud, recordings, write_wav
-from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.media.audio import resample
 from tests.conftest import ROOT, free_port, timeout
 from tests.e2e.conftest import serving
 from tests.e2e.test_webrtc import assert_pipeline_idle, get_json, settle

@@ -17,7 +17,7 @@ import yaml
 
 from realtime_omni.clients.room import RATE_HZ, RoomCall
 from realtime_omni.clients.webrtc import espeak
-from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.media.audio import resample
 from tests.conftest import ROOT, run, timeout
 from tests.e2e.conftest import serving
 from tests.e2e.test_webrtc import assert_pipeline_idle, settle

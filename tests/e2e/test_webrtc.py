@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from realtime_omni.clients.webrtc import Caller, http
-from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.media.audio import resample
 from tests.conftest import run, timeout
 from tests.e2e.conftest import serving
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from realtime_omni.clients.webrtc import Caller, Camera
-from realtime_omni.gateway.audio import resample
+from realtime_omni.gateway.media.audio import resample
 from tests.conftest import run, simulated_config, timeout
 from tests.e2e.conftest import serving
 from tests.e2e.test_webrtc import assert_pipeline_idle, settle, short_answers

@@ -52,11 +52,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
-from realtime_omni.gateway import audio
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
-from realtime_omni.gateway.protocol import ProtocolError, loads
-from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.media import audio
+from realtime_omni.gateway.protocol.events import ProtocolError, loads
+from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports import phone, signatures
 from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
 from realtime_omni.gateway.transports.webrtc import SignallingError, read_bytes

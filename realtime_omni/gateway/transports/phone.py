@@ -15,8 +15,8 @@ from typing import Any
 
 from realtime_omni.aio import within
 from realtime_omni.gateway.config import PhoneConfig, merge
-from realtime_omni.gateway.protocol import ProtocolError, loads
-from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.protocol.events import ProtocolError, loads
+from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
 RATE_HZ = 8000  # G.711 narrowband, both ways

@@ -35,9 +35,8 @@ from starlette.routing import Route
 
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
-from realtime_omni.gateway.echo import EchoCanceller
-from realtime_omni.gateway.protocol import ProtocolError, loads
-from realtime_omni.gateway.settings import Settings, apply_session_update
+from realtime_omni.gateway.protocol.events import ProtocolError, loads
+from realtime_omni.gateway.protocol.settings import Settings, apply_session_update
 from realtime_omni.gateway.transports.webrtc import (
     MAX_OFFER_BYTES,
     SignallingError,
@@ -46,6 +45,7 @@ from realtime_omni.gateway.transports.webrtc import (
     read_bytes,
     sdp_answer,
 )
+from realtime_omni.gateway.turns.echo import EchoCanceller
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.app import Gateway

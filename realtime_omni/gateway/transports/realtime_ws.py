@@ -21,8 +21,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
-from realtime_omni.gateway.protocol import error_event, event_id, for_beta
-from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.protocol.events import error_event, event_id, for_beta
+from realtime_omni.gateway.session.driver import Session
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.app import Gateway

@@ -36,9 +36,9 @@ import numpy as np
 
 from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
-from realtime_omni.gateway.audio import float_to_pcm16
 from realtime_omni.gateway.config import PhoneConfig, SipConfig
-from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.media.audio import float_to_pcm16
+from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports import phone
 from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
 

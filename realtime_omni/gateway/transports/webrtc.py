@@ -52,8 +52,8 @@ from starlette.routing import Route
 from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Grant, grant_of
-from realtime_omni.gateway.protocol import ProtocolError, error_event, event_id, loads
-from realtime_omni.gateway.session import Session
+from realtime_omni.gateway.protocol.events import ProtocolError, error_event, event_id, loads
+from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
 from realtime_omni.gateway.transports.webrtc_media import (
     PLAYOUT_RATE_HZ,

@@ -47,9 +47,9 @@ from av import AudioFrame, AudioResampler, Packet, VideoFrame
 from av.codec import CodecContext
 
 from realtime_omni.aio import wait_set
-from realtime_omni.gateway.responses import MODEL_RATE_HZ
-from realtime_omni.gateway.session import Session
-from realtime_omni.gateway.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
+from realtime_omni.gateway.session.driver import Session
+from realtime_omni.gateway.session.responses import MODEL_RATE_HZ
+from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
 
 log = logging.getLogger(__name__)
 

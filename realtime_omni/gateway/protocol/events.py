@@ -1,0 +1,294 @@
+"""The OpenAI Realtime protocol's data: audio formats, conversation items from
+`conversation.item.create`, error events and the beta names and shapes of server events. No I/O.
+(Session settings and `session.update`: `settings.py`.)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from realtime_omni.errors import OmniError
+from realtime_omni.gateway.media import audio
+from realtime_omni.gateway.protocol.conversation import Item, Part, new_id
+from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
+
+MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool's schema) less
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class ProtocolError(OmniError):
+    """A client event the server refuses; becomes an `error` event, the connection lives on."""
+
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.param = code, param
+
+
+def loads(raw: str | bytes, what: str = "") -> Any:
+    """A client's JSON text as values; `ProtocolError` (`invalid_json`) for text that is not
+    JSON, nests deeper than `MAX_JSON_DEPTH` (so nothing after recurses over it past Python's
+    stack: merging, checking, dumping) or holds a lone surrogate (`"\\ud800"`: no UTF-8 text
+    has one, and encoding it on the way out, to a client or a tokenizer, raises)."""
+    where = f"{what}: " if what else ""
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"{where}not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise ProtocolError(f"{where}JSON nested too deeply", code="invalid_json") from None
+    escaped = ("\\u" in raw) if isinstance(raw, str) else (b"\\u" in raw)  # else no surrogate
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ProtocolError(
+                    f"{where}JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json"
+                )
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+            if escaped and isinstance(v, dict):
+                stack.extend((k, depth + 1) for k in v)
+        elif escaped and isinstance(v, str) and _SURROGATE.search(v):
+            raise ProtocolError(
+                f"{where}a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text",
+                code="invalid_json",
+            )
+    return value
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    name: str  # "pcm16" | "g711_ulaw" | "g711_alaw"
+    rate_hz: int
+
+    def decode(self, data: bytes) -> np.ndarray:
+        if self.name == "pcm16":
+            if len(data) % 2:
+                raise ProtocolError("pcm16 audio has an odd number of bytes", param="audio")
+            return audio.pcm16_to_float(data)
+        return audio.ulaw_decode(data) if self.name == "g711_ulaw" else audio.alaw_decode(data)
+
+    def encode(self, x: np.ndarray) -> bytes:
+        if self.name == "pcm16":
+            return audio.float_to_pcm16(x)
+        return audio.ulaw_encode(x) if self.name == "g711_ulaw" else audio.alaw_encode(x)
+
+    def ga(self) -> dict[str, Any]:
+        kind = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
+        return {"type": kind[self.name], "rate": self.rate_hz}
+
+
+PCM16 = AudioFormat("pcm16", 24000)
+_BY_NAME = {
+    "pcm16": PCM16,
+    "g711_ulaw": AudioFormat("g711_ulaw", 8000),
+    "g711_alaw": AudioFormat("g711_alaw", 8000),
+}
+_BY_TYPE = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+
+
+def parse_format(value: Any, param: str) -> AudioFormat:
+    """`"pcm16"` (beta) or `{"type": "audio/pcm", "rate": 24000}` (GA)."""
+    if isinstance(value, str) and value in _BY_NAME:
+        return _BY_NAME[value]
+    if isinstance(value, dict) and value.get("type") in _BY_TYPE:
+        fmt = _BY_NAME[_BY_TYPE[value["type"]]]
+        if value.get("rate", fmt.rate_hz) != fmt.rate_hz:
+            raise ProtocolError(
+                f"{param}.rate must be {fmt.rate_hz} for {value['type']}", param=param
+            )
+        return fmt
+    raise ProtocolError(
+        f"{param} = {value!r}: use pcm16, g711_ulaw, g711_alaw or "
+        '{"type": "audio/pcm" | "audio/pcmu" | "audio/pcma"}',
+        param=param,
+    )
+
+
+def decode_b64(data: Any, param: str) -> bytes:
+    if not isinstance(data, str):
+        raise ProtocolError(f"{param} must be a base64 string", param=param)
+    try:
+        if len(data) <= _B64_PIECE:
+            return base64.b64decode(data, validate=True)
+        # In pieces (whole 4-character groups): from a worker thread, each piece holds the GIL
+        # for a millisecond or two instead of the whole decode (14 ms for 8 MB).
+        pieces = range(0, len(data), _B64_PIECE)
+        return b"".join(base64.b64decode(data[i : i + _B64_PIECE], validate=True) for i in pieces)
+    except (binascii.Error, ValueError):
+        raise ProtocolError(f"{param} is not valid base64", param=param) from None
+
+
+_B64_PIECE = 1 << 19  # characters, a multiple of 4
+
+
+def event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:20]}"
+
+
+def error_event(
+    message: str,
+    code: str = "invalid_value",
+    param: str | None = None,
+    client_event_id: str | None = None,
+    kind: str = "invalid_request_error",
+) -> dict[str, Any]:
+    return {
+        "type": "error",
+        "error": {
+            "type": kind,
+            "code": code,
+            "message": message,
+            "param": param,
+            "event_id": client_event_id,
+        },
+    }
+
+
+# GA server event names -> beta (OpenAI-Beta: realtime=v1) names; the rest are shared.
+BETA_NAMES = {
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "conversation.item.added": "conversation.item.created",
+}
+GA_ONLY = {"conversation.item.done"}  # beta clients never heard of it
+
+
+def for_beta(event: dict[str, Any]) -> dict[str, Any] | None:
+    """A GA server event as a beta client expects it (None: not sent to beta clients)."""
+    kind = event["type"]
+    if kind in GA_ONLY:
+        return None
+    if kind in BETA_NAMES:
+        event = dict(event, type=BETA_NAMES[kind])
+    if isinstance(event.get("item"), dict):
+        event = dict(event, item=_beta_item(event["item"]))
+    resp = event.get("response")
+    if isinstance(resp, dict) and isinstance(resp.get("output"), list):
+        event = dict(event, response=dict(resp, output=[_beta_item(i) for i in resp["output"]]))
+    return event
+
+
+_BETA_CONTENT = {"output_audio": "audio", "output_text": "text"}
+
+
+def _beta_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An item's content in beta's types: `audio`/`text` for the assistant's; images, which
+    beta has no type for, left out."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return item
+    out = [
+        dict(c, type=_BETA_CONTENT.get(c.get("type"), c.get("type")))
+        for c in content
+        if c.get("type") != "input_image"
+    ]
+    return dict(item, content=out)
+
+
+MAX_IMAGE_SIDE = 1280  # larger images are scaled down before they join the conversation
+# Decoded whole before the scaling (but a JPEG, decoded at a reduced size): 40 MP is 120 MB of
+# RGB for a moment. Formats by their header; others are refused before any decoding.
+MAX_IMAGE_PIXELS = 40_000_000
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
+
+
+def parse_item(spec: Any, input_format: AudioFormat) -> Item:
+    """The `item` of a `conversation.item.create`: a message of text, audio (in the session's
+    input format, resampled to the VAD's 16 kHz) and images (data: URLs)."""
+    if isinstance(spec, dict) and spec.get("type") in ("function_call", "function_call_output"):
+        return _parse_call_item(spec)
+    if not isinstance(spec, dict) or spec.get("type", "message") != "message":
+        raise ProtocolError(
+            "item must be an object of type message, function_call or function_call_output",
+            param="item",
+        )
+    role = spec.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise ProtocolError(f"item.role = {role!r}: user, assistant or system", param="item.role")
+    content = spec.get("content")
+    if not isinstance(content, list) or not content:
+        raise ProtocolError("item.content must be a non-empty list", param="item.content")
+    item = Item(spec.get("id") or new_id("item"), role)
+    for i, c in enumerate(content):
+        part = _parse_part(c, f"item.content[{i}]", input_format)
+        if role == "assistant" and part.kind == "text":
+            item.add_text(0.0, part.text)
+        else:
+            item.parts.append(part)
+    return item
+
+
+def _parse_call_item(spec: dict[str, Any]) -> Item:
+    """A function call (the model's, as a client replays it) or its output (the client's
+    answer to one)."""
+    kind = spec["type"]
+    fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
+    values = {}
+    for key in fields:
+        v = spec.get(key, "")
+        if not isinstance(v, str) or (key in ("call_id", "name") and not v):
+            raise ProtocolError(f"item.{key} must be a non-empty string", param=f"item.{key}")
+        values[key] = v
+    role = "assistant" if kind == "function_call" else "tool"
+    return Item(spec.get("id") or new_id("item"), role, type=kind, **values)
+
+
+def _parse_part(c: Any, param: str, input_format: AudioFormat) -> Part:
+    kind = c.get("type") if isinstance(c, dict) else None
+    if kind in ("input_text", "text", "output_text"):
+        if not isinstance(c.get("text"), str):
+            raise ProtocolError(f"{param}.text must be a string", param=param)
+        return Part("text", text=c["text"])
+    if kind == "input_audio":
+        pcm = input_format.decode(decode_b64(c.get("audio"), f"{param}.audio"))
+        r = audio.Resampler(input_format.rate_hz, VAD_RATE_HZ)
+        return Part("audio", audio=np.concatenate([r.process(pcm), r.flush()]))
+    if kind == "input_image":
+        return Part("image", image=_decode_image(c.get("image_url"), f"{param}.image_url"))
+    raise ProtocolError(
+        f"{param}.type = {kind!r}: use input_text, input_audio or input_image", param=param
+    )
+
+
+def _decode_image(url: Any, param: str) -> np.ndarray:
+    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
+        raise ProtocolError(f"{param} must be a data: URL (base64 PNG or JPEG)", param=param)
+    from PIL import Image, UnidentifiedImageError
+
+    raw = decode_b64(url.split(",", 1)[1], param)
+    try:
+        img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header alone
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise ProtocolError(
+            f"{param}: not an image of the formats taken ({', '.join(IMAGE_FORMATS)})",
+            param=param,
+        ) from None
+    # Checked before decoding: a 13,000 x 13,000 PNG of 219 KB decoded to 809 MB.
+    if img.width * img.height > MAX_IMAGE_PIXELS:
+        raise ProtocolError(
+            f"{param}: {img.width} x {img.height} pixels is over the limit of "
+            f"{MAX_IMAGE_PIXELS:,}; scale it down (it is seen at {MAX_IMAGE_SIDE} px at most)",
+            code="image_too_large",
+            param=param,
+        )
+    try:
+        img.draft("RGB", (MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))  # JPEG: decode at a reduced size
+        img = img.convert("RGB")
+    except (OSError, ValueError, Image.DecompressionBombError):
+        raise ProtocolError(f"{param}: the image cannot be decoded", param=param) from None
+    img.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
+    return np.asarray(img, np.uint8).copy()

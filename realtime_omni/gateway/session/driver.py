@@ -1,0 +1,623 @@
+"""One conversation with one person, whatever the transport.
+
+    session = Session(coord, output_rate_hz=48000)   # None: follow the session's output format
+    await session.start()                 # takes its VAD stream, starts tasks
+    session.push_audio(pcm, rate_hz)      # microphone audio, any rate, float32 [-1, 1] or int16
+    session.set_video_frame(rgb)          # latest camera frame, uint8 [H, W, 3], or None
+    frame = session.read_output(960)      # exactly n samples at `output_rate`, silence if none
+    await session.handle(event)           # an OpenAI Realtime client event (a parsed JSON dict)
+    err = await session.handle_text(raw, max_bytes)  # the same from JSON text; an error to send
+    event = await session.next_event()    # OpenAI Realtime server events, GA names, in order
+    await session.close()                 # aborts what is running; safe to call twice
+
+Audio in: `push_audio` never blocks; it resamples to 16 kHz, appends to the input buffer and wakes
+the VAD task (silero on 32 ms windows, judged with every other session's in a worker thread). With
+server VAD on (the default; `turn_detection: null` in `session.update` turns it off) a speech stop
+commits the turn and, with `create_response`, starts a response; otherwise the client commits
+(`input_audio_buffer.commit`) and asks (`response.create`).
+
+Audio out: a transport reads at its own clock. A WebRTC track calls `read_output(960)` every
+20 ms at 48 kHz and sends what it gets (silence when nothing is queued). The WebSocket sender
+calls `read_output(n, pad=False)` as real time allows and sends what comes as audio deltas; a
+`Read` also says which response item each sample belongs to. `output_rate` is fixed when given
+to the constructor, else it follows `session.update`'s output format between responses.
+
+Events out: `next_event()` returns dicts shaped as the OpenAI GA protocol (`type` plus fields,
+no `event_id` yet: the transport adds it). Audio deltas are not among them: the transport makes
+those from what it reads. `response.done` comes after the response's audio has been read out,
+so a transport that sends audio as it reads it sends every delta before the `response.done`.
+
+A response is active from `response.created` until `response.done`, its playout included. Speech
+starting while one is active (with `interrupt_response`) is a barge-in: the playout queue is
+flushed at once (the next read is silence), the request is aborted in every stage and awaited,
+`response.done` says cancelled / turn_detected, and the assistant item keeps what was read out.
+A response holds its request's output stream unread while the playout queue is `max_lead_ms`
+ahead; the runtime's credits then hold back the stages upstream.
+
+`handle` raises `ProtocolError` for an event it refuses; the transport turns it into an `error`
+event (the client events live in `client_events.py`, mixed in). Speech over an answer first
+pauses it (`turns.py`); the echo gate (`echo.py`) keeps the bot's own voice from counting.
+Everything here runs in one asyncio loop; no method is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from realtime_omni.aio import wait_set
+from realtime_omni.errors import OmniError
+from realtime_omni.gateway.media.audio import Resampler
+from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
+from realtime_omni.gateway.media.playout import Playout, Read
+from realtime_omni.gateway.protocol.conversation import MAX_BYTES, Conversation, Item, Part, new_id
+from realtime_omni.gateway.protocol.events import ProtocolError
+from realtime_omni.gateway.protocol.settings import Settings, Voices
+from realtime_omni.gateway.session.client_events import ClientEvents, _error
+from realtime_omni.gateway.session.responses import Responses, _Response
+from realtime_omni.gateway.session.transcribe import Transcriptions
+from realtime_omni.gateway.turns.echo import EchoCanceller, EchoGate
+from realtime_omni.gateway.turns.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
+from realtime_omni.gateway.turns.policy import Decision, TurnPolicy
+from realtime_omni.gateway.turns.vad import (
+    SAMPLE_RATE_HZ,
+    ServerVad,
+    SpeechStarted,
+    SpeechStopped,
+    VadParams,
+    Windower,
+)
+from realtime_omni.logs import SESSION
+
+log = logging.getLogger(__name__)
+
+_METRIC_LEN = 1000  # samples kept per metric
+VAD_WINDOWS_PER_PASS = 32  # 1 s of 32 ms windows judged per model pass
+
+
+class VadModel(Protocol):
+    async def probs(self, windows: list[np.ndarray]) -> list[float]: ...
+    def reset(self) -> None: ...
+
+
+class EndOfTurnModel(Protocol):
+    """`end_of_turn.SmartTurn`: P(the turn is complete) for a turn's 16 kHz audio."""
+
+    async def complete(self, audio: np.ndarray) -> float: ...
+
+
+class Pipeline(Protocol):
+    """What a session needs of `Coordinator`."""
+
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> Any:
+        """A `RequestStream`: outputs to iterate, and `close()` once done with it."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+
+class Session(ClientEvents, Responses, Transcriptions):
+    def __init__(
+        self,
+        coord: Pipeline,
+        *,
+        vad_factory: Callable[[], VadModel] | None = None,
+        end_of_turn: EndOfTurnModel | None = None,
+        settings: Settings | None = None,
+        output_rate_hz: int | None = None,
+        max_lead_ms: float = 2000.0,
+        max_payload_bytes: int | None = None,
+        max_session_bytes: int = MAX_BYTES,
+        on_metric: Callable[[str, float], None] | None = None,
+        transport: str = "websocket",
+        voices: Voices | None = None,
+    ) -> None:
+        self.coord = coord
+        self.voices = voices or Voices()  # the voice names session.update takes
+        self.transport = transport  # where the call came in: websocket, webrtc, twilio, sip...
+        # Who started it (`auth.Grant.owner`): a client secret's cap counts its sessions, and
+        # only the same owner (or an API key) may hang it up, attach a sideband or evict it.
+        self.owner = "open"
+        # What the person has heard of an item, in ms, where the transport knows better than
+        # what was read out (a phone provider's marks); a barge-in keeps that much.
+        self.heard_ms: Callable[[str], int] | None = None
+        # Called when queued audio is dropped (barge-in, cancel, clear), so a transport with a
+        # buffer of its own downstream (a phone provider's) can flush that too, at once.
+        self.on_flush: Callable[[], None] | None = None
+        # Called when the answer pauses (speech over it): such a transport drops its downstream
+        # buffer too and gives back what was not heard (`playout.unread`), so a resume loses
+        # nothing.
+        self.on_pause: Callable[[], None] | None = None
+        self.on_metric = on_metric  # each measurement as it is made (Prometheus histograms)
+        self.id = new_id("sess")
+        self.settings = settings or Settings()
+        self._fixed_rate = output_rate_hz
+        self.max_lead_ms = max_lead_ms
+        self.max_payload_bytes = max_payload_bytes
+        self.conversation = Conversation(max_bytes=max_session_bytes)
+        self.playout = Playout(output_rate_hz or self.settings.output_format.rate_hz)
+        self.metrics: dict[str, deque[float]] = {
+            k: deque(maxlen=_METRIC_LEN)
+            for k in ("token_to_audio_ms", "first_audio_ms", "barge_in_to_silence_ms", "abort_ms")
+        }
+        # Unbounded: events are made only as fast as client events arrive and a lead-limited
+        # response streams; a transport that stops reading is closed by its own send timeout.
+        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._listeners: list[asyncio.Queue[dict[str, Any] | None]] = []  # sideband copies
+        self.audio_written = asyncio.Event()  # set on every playout write; a sender may clear it
+        self._vad_factory = vad_factory
+        self._vad_model: VadModel | None = None
+        self._eot_model = end_of_turn  # semantic_vad's end-of-turn model; None: silence only
+        self._vad = ServerVad(self._vad_params())
+        self._eot = EndOfTurn(vad=self._vad.params.threshold)
+        self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
+        self._aec: EchoCanceller | None = None  # made at start() when the settings want one
+        # The echo gate's own canceller (`echo_gate_aec`), where the audio itself is not
+        # cancelled: what it leaves of each window goes beside the window, for the gate to
+        # weigh; the VAD and the input keep the microphone's own sound.
+        self._gate_aec: EchoCanceller | None = None
+        self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
+        self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
+        self._far_resampler: Resampler | None = None  # what was read out, at 16 kHz
+        self._windower = Windower()
+        self._vad_pending: list[np.ndarray] = []
+        self._vad_wake = asyncio.Event()
+        self._vad_task: asyncio.Task[None] | None = None
+        self._vad_samples = 0  # input samples the VAD has judged
+        self._turn_item_id: str | None = None  # the user item a detected speech will become
+        self._turn_start_ms = 0
+        self.input = InputBuffer()
+        self.input_credit = AudioCredit()  # what `input_audio_buffer.append` may still send
+        self._response: _Response | None = None
+        self._last_response: str | None = None  # the id of the last response to finish
+        self._item_response: dict[str, str] = {}  # item_id -> response id, while active
+        self._barge_at: float | None = None  # when a barge-in flushed the queue
+        self._video: np.ndarray | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._transcribe_lock = asyncio.Lock()  # one input transcription at a time
+        # item_id -> its transcription, queued or running: one per user audio item still in
+        # the conversation (deleting the item cancels it), so their audio is the items' own.
+        self._transcriptions: dict[str, asyncio.Task[None]] = {}
+        self._idle: asyncio.TimerHandle | None = None  # turn_detection.idle_timeout_ms's timer
+        self._closed = False
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        SESSION.set(self.id)  # in the tasks made here and in the caller's from now on
+        if self._vad_factory is not None and self._vad_model is None:
+            self._vad_model = self._vad_factory()
+        if self._vad_task is None:
+            self._vad_task = asyncio.create_task(self._vad_loop())
+        self._set_echo_cancellation()
+
+    def _set_echo_cancellation(self) -> None:
+        """WebRTC's audio processing on the microphone, as the settings want it: echo
+        cancellation, noise suppression (`noise_reduction`), both or neither."""
+        echo, noise = self.settings.echo_cancellation, self.settings.noise_reduction is not None
+        have = (self._aec.echo, self._aec.noise) if self._aec is not None else (False, False)
+        if (echo, noise) != have:
+            self._aec = EchoCanceller.create(echo, noise) if echo or noise else None
+        # Without a canceller on the audio, the echo gate may still listen through one.
+        td = self.settings.turn_detection
+        turns = td.turns if td is not None else None
+        listen = self._aec is None and turns is not None and turns.echo_gate and turns.echo_gate_aec
+        had = self._gate_aec is not None
+        if not listen:
+            self._gate_aec = None
+        elif self._gate_aec is None and EchoCanceller.available():
+            self._gate_aec = EchoCanceller(echo=True, noise=False)
+        if had != (self._gate_aec is not None):  # the VAD's windows change shape
+            self._vad_pending.clear()
+            self._windower = Windower()
+
+    def _semantic(self) -> bool:
+        """semantic_vad with an end-of-turn model: the model may end a turn before the VAD."""
+        td = self.settings.turn_detection
+        return td is not None and td.eagerness is not None and self._eot_model is not None
+
+    def _vad_params(self) -> VadParams | None:
+        """The VAD's rules: the session's, with semantic_vad's longest silence where an
+        end-of-turn model decides before it."""
+        td = self.settings.turn_detection
+        if td is None:
+            return None
+        if self._semantic():
+            assert td.eagerness is not None
+            return replace(td.vad, silence_duration_ms=SEMANTIC_TIMEOUT_MS[td.eagerness])
+        return td.vad
+
+    def _turn_params(self) -> Any:
+        td = self.settings.turn_detection
+        return td.turns if td is not None else None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._disarm_idle()
+        with contextlib.suppress(OmniError):
+            await self.cancel_response("client_cancelled")
+        for t in [self._vad_task, *self._tasks]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(
+            *(t for t in [self._vad_task, *self._tasks] if t), return_exceptions=True
+        )
+
+    @property
+    def output_rate(self) -> int:
+        return self.playout.rate_hz
+
+    def response_of(self, item_id: str) -> str | None:
+        return self._item_response.get(item_id)
+
+    @property
+    def input_speaking(self) -> bool:
+        """The VAD hears the person speaking now."""
+        return self._vad.speaking
+
+    @property
+    def active_response(self) -> str | None:
+        return self._response.id if self._response else None
+
+    # ---- events ------------------------------------------------------------------------
+
+    def _metric(self, name: str, value_ms: float) -> None:
+        self.metrics[name].append(value_ms)
+        if self.on_metric is not None:
+            self.on_metric(name, value_ms)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        event = {"type": kind, **fields}
+        self._events.put_nowait(event)
+        for q in list(self._listeners):
+            if q.full():  # a listener that stopped reading: dropped, its reader sees None
+                self._listeners.remove(q)
+                q.get_nowait()
+                q.put_nowait(None)
+            else:
+                q.put_nowait(event)
+
+    def subscribe(self, limit: int = 10000) -> asyncio.Queue[dict[str, Any] | None]:
+        """A copy of every event from now on (a call's sideband connection), until
+        `unsubscribe`; None in it: the listener fell `limit` events behind and was dropped."""
+        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(limit)
+        self._listeners.append(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[dict[str, Any] | None]) -> None:
+        if q in self._listeners:
+            self._listeners.remove(q)
+
+    async def next_event(self) -> dict[str, Any]:
+        return await self._events.get()
+
+    def pending_events(self) -> list[dict[str, Any]]:
+        out = []
+        while not self._events.empty():
+            out.append(self._events.get_nowait())
+        return out
+
+    # ---- audio in ----------------------------------------------------------------------
+
+    def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
+        x = self.input.push(pcm, rate_hz, self._aec.near if self._aec is not None else None)
+        if len(x):  # when each sample arrived, for the echo gate's clock
+            self._arrivals.append((self.input.end, time.monotonic()))
+        if len(x) and self.settings.turn_detection is not None:
+            if self._gate_aec is not None:  # whole 10 ms frames: at most 10 ms behind the input
+                x = self._gate_aec.beside(x)
+            self._vad_pending.append(x)
+            self._vad_wake.set()
+
+    def _clear_input(self) -> None:
+        self.input.clear()
+        self._vad_pending.clear()
+        self._vad_samples = self.input.end
+        self._vad = ServerVad(self._vad.params)
+        self._vad.elapsed_ms = self.input.end * 1000 / SAMPLE_RATE_HZ
+        self._eot.reset()
+        self._windower = Windower()
+        self._turn_item_id = None
+        self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
+        self.playout.paused = False
+        if self._vad_model is not None:
+            self._vad_model.reset()
+
+    async def _vad_loop(self) -> None:
+        while True:
+            if not self._turns.paused:
+                await self._vad_wake.wait()
+            elif not await wait_set(self._vad_wake, self._turns.params.resume_after_ms / 1000):
+                # Paused over speech, and the client sends no more audio: the policy hears that
+                # much silence (the VAD does not: its clock is the audio's).
+                while self._turns.paused:
+                    self._apply(self._turns.feed(0.0, None, self._bot_speaking()))
+                continue
+            self._vad_wake.clear()
+            chunks, self._vad_pending = self._vad_pending, []
+            windows = [w for c in chunks for w in self._windower.push(c)]
+            if not windows or self._vad_model is None or self.settings.turn_detection is None:
+                continue
+            # A second of windows at a time: a minute appended at once is judged in steps, with
+            # the event loop (every call's audio) free between them.
+            for i in range(0, len(windows), VAD_WINDOWS_PER_PASS):
+                part = windows[i : i + VAD_WINDOWS_PER_PASS]
+                # With the gate's canceller a window is [the microphone, what it leaves of it].
+                mics = [w[0] if w.ndim == 2 else w for w in part]
+                for p, w, mic in zip(await self._vad_model.probs(mics), part, mics, strict=True):
+                    self._vad_samples += len(mic)
+                    clean = w[1] if w.ndim == 2 else None
+                    self._on_window(p, mic, self._arrival(self._vad_samples), clean)
+            if not self._vad.speaking and self.settings.turn_detection is not None:
+                pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
+                self.input.trim(self._vad_samples - pad - windows[0].shape[-1])
+
+    def feed_vad(self, prob: float) -> None:
+        """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
+        self._on_window(prob)
+
+    def _arrival(self, end: int) -> float:
+        """When the input sample before absolute index `end` arrived."""
+        while len(self._arrivals) > 1 and self._arrivals[0][0] < end:
+            self._arrivals.popleft()
+        return self._arrivals[0][1] if self._arrivals else time.monotonic()
+
+    def _on_window(
+        self,
+        prob: float,
+        window: np.ndarray | None = None,
+        t: float = 0.0,
+        clean: np.ndarray | None = None,
+    ) -> None:
+        """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks.
+        `clean`: the window through the gate's echo canceller, when it has one."""
+        td = self.settings.turn_detection
+        if window is not None and self._gating() and self._gate.window(window, t, clean):
+            prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
+        ev = self._vad.feed(prob)
+        if td is None:
+            return
+        if self._semantic() and (ask := self._eot.feed(prob, ev)) is not None:
+            start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
+            end = int(self._vad.elapsed_ms * SAMPLE_RATE_HZ / 1000)  # what the VAD has judged
+            self._track(self._judge_end_of_turn(ask, self.input.slice(start, end)))
+        if isinstance(ev, SpeechStarted):
+            self._disarm_idle()
+            self._turn_item_id = new_id("item")
+            self._turn_start_ms = ev.audio_start_ms
+            self._emit(
+                "input_audio_buffer.speech_started",
+                audio_start_ms=ev.audio_start_ms,
+                item_id=self._turn_item_id,
+            )
+        speaking = self._bot_speaking()
+        if (speaking or self._turns.paused) and self._apply(self._turns.feed(prob, ev, speaking)):
+            return  # a discarded blip: its stop, if the VAD saw one, is no turn
+        if isinstance(ev, SpeechStopped):
+            self._on_speech_stopped(ev)
+
+    async def _judge_end_of_turn(self, ask: Ask, audio: np.ndarray) -> None:
+        """The speech paused: if the end-of-turn model hears the turn complete, it ends now."""
+        assert self._eot_model is not None
+        try:
+            p = await self._eot_model.complete(audio)
+        except Exception:
+            log.exception("session %s: the end-of-turn model failed; silence decides", self.id)
+            return
+        log.debug("session %s: end of turn? p=%.2f", self.id, p)
+        if self._eot.answer(ask, p) and self._vad.speaking and not self._turns.paused:
+            self._eot.reset()
+            self._on_speech_stopped(self._vad.stop())
+
+    # ---- idle timeout ------------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        """An answer has been heard: with `idle_timeout_ms`, silence that long from now asks the
+        model to go on (OpenAI's server_vad idle timeout, for a caller gone quiet)."""
+        self._disarm_idle()
+        td = self.settings.turn_detection
+        if td is not None and td.idle_timeout_ms and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._idle = loop.call_later(td.idle_timeout_ms / 1000, self._idle_timeout)
+
+    def _disarm_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_timeout(self) -> None:
+        self._idle = None
+        if self._response is not None or self._vad.speaking or self._closed:
+            return
+        start, end = self.input.start, self.input.end
+        pcm = self.input.slice(start, end)
+        item_id = new_id("item")
+        self._clear_input()
+        self._emit(
+            "input_audio_buffer.timeout_triggered",
+            audio_start_ms=start * 1000 // SAMPLE_RATE_HZ,
+            audio_end_ms=end * 1000 // SAMPLE_RATE_HZ,
+            item_id=item_id,
+        )
+        if len(pcm):  # what the microphone heard meanwhile (silence, or what VAD ignored)
+            self._commit_audio(pcm, item_id)
+        with contextlib.suppress(ProtocolError):  # the conversation too large: no answer
+            self._start_response({}, time.monotonic())
+
+    def _gating(self) -> bool:
+        """The echo gate is on (server VAD with `echo_gate`)."""
+        td = self.settings.turn_detection
+        return td is not None and td.turns.echo_gate
+
+    def _bot_speaking(self) -> bool:
+        """An answer is active that speech may interrupt."""
+        td = self.settings.turn_detection
+        return td is not None and td.interrupt_response and self._response is not None
+
+    def _apply(self, decisions: list[Decision]) -> bool:
+        """Carry out the turn policy's decisions; True when the speech was discarded."""
+        for d in decisions:
+            log.debug(
+                "session %s: speech over the answer: %s (echo path %s, lag %s windows)",
+                self.id, d.value, "learnt" if self._gate.path is not None else "unknown",
+                None if self._gate.path is None else int(np.argmax(self._gate.path)),
+            )  # fmt: skip
+            if d is Decision.PAUSE:
+                self.playout.paused = True  # the next frame out is silent; nothing is lost
+                self._barge_at = time.monotonic()
+                if self.on_pause is not None:
+                    self.on_pause()
+            elif d is Decision.RESUME:
+                self.playout.paused = False
+                self.audio_written.set()  # a sender waiting for audio: there is some again
+            elif d is Decision.BARGE_IN:
+                self._barge_in()
+            elif d is Decision.DISCARD:
+                self._discard_speech()
+                return True
+        return False
+
+    def _discard_speech(self) -> None:
+        """Speech over the bot that was no interruption: no turn; the VAD starts afresh."""
+        item_id = self._turn_item_id or new_id("item")
+        end_ms = round(self._vad.elapsed_ms)
+        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
+        self._clear_input()
+        self._emit("input_audio_buffer.cleared")
+
+    def _on_speech_stopped(self, ev: SpeechStopped) -> None:
+        td = self.settings.turn_detection
+        assert td is not None
+        item_id = self._turn_item_id or new_id("item")
+        self._emit(
+            "input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_end_ms, item_id=item_id
+        )
+        start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
+        end = ev.audio_end_ms * SAMPLE_RATE_HZ // 1000
+        pcm = self.input.slice(start, end)
+        self.input.trim(end)
+        self._turn_item_id = None
+        self._commit_audio(pcm, item_id)
+        if td.create_response and self._response is None:
+            try:
+                self._start_response({}, time.monotonic())
+            except ProtocolError as e:  # no client event to answer: tell it all the same
+                self._events.put_nowait(_error(e))
+
+    def _add(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Add to the conversation; announce what its bounds dropped to make room."""
+        prev = self.conversation.add(item, previous_item_id)
+        self._announce_dropped()
+        return prev
+
+    def _announce_dropped(self) -> None:
+        """Tell the client of every item the conversation's bounds or truncation deleted."""
+        for item_id in self.conversation.take_dropped():
+            self._deleted(item_id)
+
+    def _deleted(self, item_id: str) -> None:
+        """An item left the conversation: nothing of the session works on it any longer (its
+        transcription is cancelled, releasing its audio), and the client is told."""
+        self._item_response.pop(item_id, None)
+        self._cancel_transcription(item_id)
+        self._emit("conversation.item.deleted", item_id=item_id)
+
+    def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
+        item = Item(item_id, "user", [Part("audio", audio=pcm)])
+        prev = self._add(item)
+        self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item_id)
+        self._emit_item_added(item, prev)
+        self._transcribe_later(item)
+
+    def _emit_item_added(self, item: Item, prev: str | None) -> None:
+        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
+        self._emit("conversation.item.done", previous_item_id=prev, item=item.to_openai())
+
+    # ---- audio out ---------------------------------------------------------------------
+
+    def read_output(self, n: int, pad: bool = True) -> Read:
+        """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
+        r = self.playout.read(n, pad)
+        if (len(r.pcm) or self._far_resampler is not None) and (
+            self._gating() or self._aec is not None
+        ):
+            self._far(r)  # an empty read (no `pad`) after an answer hands over the tail too
+        now = time.monotonic()
+        if self._barge_at is not None:
+            self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
+            self._barge_at = None
+        resp = self._response
+        for cs in r.chunk_starts:
+            first = resp is not None and cs.item_id == resp.item.id and resp.first_audio is None
+            if first and resp is not None:
+                resp.first_audio = now
+                self._metric("first_audio_ms", (now - resp.turn_end) * 1e3)
+            if first or cs.queue_was_empty:
+                self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)
+        return r
+
+    def _far(self, r: Read) -> None:
+        """Hand what was read out to the echo gate (and the cancellers) at the microphone's
+        rate. Padding alone (no answer playing) is nothing the microphone can hear again: once
+        the resampler has given up its tail, such reads are skipped, which is what most reads
+        of most calls are (the gate counts the time it was not told of as silence, and the
+        resampler starts afresh). The cancellers want a continuous far end, so they get all.
+        A transport that reads without `pad` gets an empty read instead of padding: the tail
+        is handed over then, when the answer ended, not at the next answer's start."""
+        cancelling = self._aec is not None or self._gate_aec is not None
+        if not r.items and not cancelling:
+            if self._far_resampler is not None:
+                tail, self._far_resampler = self._far_resampler.flush(), None
+                if len(tail) and self._gating():
+                    self._gate.far(tail, time.monotonic())
+            return
+        if not len(r.pcm):
+            return
+        # the far end: what the microphone may hear again, at the microphone's rate
+        if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
+            self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
+        far = self._far_resampler.process(r.pcm)
+        if self._gating():
+            self._gate.far(far, time.monotonic())
+        for aec in (self._aec, self._gate_aec):
+            if aec is not None:
+                aec.far(far)
+
+    def _flush(self, item_id: str | None = None) -> None:
+        """Drop what is queued (of one item, or all) and tell the transport."""
+        self.playout.clear(item_id)
+        if self.on_flush is not None:
+            self.on_flush()
+
+    def _track(self, coro: Any) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    # ---- camera ------------------------------------------------------------------------
+
+    def set_video_frame(self, frame: np.ndarray | None) -> None:
+        """The latest camera frame (uint8 [H, W, 3]); the next turn carries it as an image."""
+        if frame is not None:
+            frame = np.ascontiguousarray(frame, np.uint8)
+            if frame.ndim != 3 or frame.shape[2] != 3:
+                raise ValueError(f"a video frame must be uint8 [H, W, 3], got {frame.shape}")
+        self._video = frame
+
+    def dtmf(self, digit: str) -> None:
+        """A key the caller pressed (a phone bridge's `dtmf`, SIP's RFC 4733 events), announced
+        as OpenAI's SIP calls announce it; a controlling client decides what it means."""
+        self._emit(
+            "input_audio_buffer.dtmf_event_received", event=digit, received_at=int(time.time())
+        )

@@ -1,0 +1,124 @@
+"""Input transcription: each user audio item, with `audio.input.transcription` set, is
+transcribed by the thinker itself, and the client gets
+`conversation.item.input_audio_transcription.delta`s, then `.completed` (or `.failed`).
+
+Why the thinker: Qwen3-Omni hears the audio it answers; asking it to write down what was said is
+one more request through the stages already loaded (preprocessing, the audio encoder, the
+thinker, decode; text only, so the talker and code2wav do nothing), with no second model to
+load, place and keep in memory. It is low-priority work: a transcription waits until the
+answer to its turn has sent its first audio (or ended), so it never delays the first audio it
+would compete with in the thinker's prefill, and a session runs one transcription at a time.
+A transcription lives only as long as its item: an item deleted or dropped by the session's
+bounds cancels its transcription, queued or running (aborted in the stages), so the audio that
+queued transcriptions hold is always audio `max_session_bytes` counts in the conversation.
+The session's `transcription.language` and `prompt` are put to the thinker as hints; `model`
+is kept and shown, not used. Mixed into `Session` (as `responses.py`): the state is the
+session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from realtime_omni.errors import OmniError
+from realtime_omni.gateway.protocol.conversation import Item, new_id
+
+log = logging.getLogger(__name__)
+INSTRUCTION = (
+    "Transcribe the user's audio exactly as spoken, in the language spoken. Write only the "
+    "words, nothing else."
+)
+MAX_TOKENS = 256
+
+
+class Transcriptions:
+    """The transcription half of `Session` (a mixin: its lock and tasks are the session's)."""
+
+    def _transcribe_later(self, item: Item) -> None:
+        """Transcribe a committed user audio item, in the background, if the session asks."""
+        if (
+            self.settings.transcription is not None
+            and item.parts
+            and item.parts[0].audio is not None
+        ):
+            item_id = item.id  # not the item: the callback outlives the task
+            t = self._transcriptions[item_id] = self._track(self._transcribe(item))
+            t.add_done_callback(lambda _: self._transcriptions.pop(item_id, None))
+
+    def _cancel_transcription(self, item_id: str) -> None:
+        """The item left the conversation: its transcription, if any, stops (no event: the
+        client is told the item was deleted) and lets go of its audio."""
+        t = self._transcriptions.pop(item_id, None)
+        if t is not None:
+            t.cancel()
+
+    async def _transcribe(self, item: Item) -> None:
+        async with self._transcribe_lock:  # one at a time per session, in turn order
+            while (r := self._response) is not None and r.first_audio is None and not r.ending:
+                await asyncio.sleep(0.02)  # the answer's first audio goes first
+            await self._run_transcription(item)
+
+    async def _run_transcription(self, item: Item) -> None:
+        tr = self.settings.transcription
+        hints = [INSTRUCTION]
+        if tr is not None and tr.language:
+            hints.append(f"The language is {tr.language}.")
+        if tr is not None and tr.prompt:
+            hints.append(f"Context: {tr.prompt}")
+        payload = {
+            "messages": [
+                {"role": "system", "content": " ".join(hints)},
+                {"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]},
+            ],
+            "audio_0": item.parts[0].audio,
+            "text_only": True,
+            "temperature": 0.0,
+            "max_tokens": MAX_TOKENS,
+        }
+        rid, ids = new_id("tr"), {"item_id": item.id, "content_index": 0}
+        text: list[str] = []
+        usage = {"input_tokens": 0, "output_tokens": 0}
+        done = False
+        try:
+            stream = await self.coord.submit(payload, rid)
+            try:
+                async for out in stream:
+                    data: dict[str, Any] = out.data
+                    if "token_id" in data:
+                        usage["output_tokens"] += 1
+                        usage["input_tokens"] = int(
+                            data.get("prefill_tokens", usage["input_tokens"])
+                        )
+                    if data.get("text"):
+                        text.append(data["text"])
+                        self._emit(
+                            "conversation.item.input_audio_transcription.delta",
+                            **ids, delta=data["text"],
+                        )  # fmt: skip
+            finally:
+                stream.close()
+            done = True
+        except OmniError as e:
+            done = True  # failed in the stages: nothing is left there
+            log.warning("transcription of %s failed: %s", item.id, e)
+            error = {
+                "type": "transcription_error",
+                "code": "transcription_failed",
+                "message": str(e),
+            }
+            self._emit("conversation.item.input_audio_transcription.failed", **ids, error=error)
+            return
+        finally:
+            if not done:  # cancelled (the session closed): nothing may stay in the stages
+                await asyncio.shield(self.coord.abort(rid))
+        transcript = "".join(text).strip()
+        item.parts[0].text = transcript
+        total = usage["input_tokens"] + usage["output_tokens"]
+        self._emit(
+            "conversation.item.input_audio_transcription.completed",
+            **ids,
+            transcript=transcript,
+            usage={"type": "tokens", **usage, "total_tokens": total},
+        )
