@@ -30,3 +30,11 @@ class StartupError(OmniError):
 
 class PayloadTooLarge(RequestError):
     """A payload is larger than the edge's slot; the message names the config field to raise."""
+
+
+class ExecutorError(RequestError):
+    """Raised by an executor for one request; the stage fails that request only."""
+
+    def __init__(self, request_id: str, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id

@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from realtime_omni.errors import ConfigError, RequestError
+from realtime_omni.errors import ConfigError
 
 Payload = dict[str, Any]
 
@@ -78,6 +78,27 @@ class Executor(Protocol):
     def abort(self, request_id: str) -> None: ...
 
 
+@runtime_checkable
+class Holds(Protocol):
+    """An executor that can hold one request while the others go on (optional: see above)."""
+
+    def hold(self, request_id: str, held: bool) -> None: ...
+
+
+@runtime_checkable
+class Wakes(Protocol):
+    """An executor whose `has_work` can turn true of itself (optional: see above)."""
+
+    def wake_in(self) -> float | None: ...
+
+
+@runtime_checkable
+class ReportsKv(Protocol):
+    """An executor that keeps a KV pool and says how full: blocks in use, blocks, evictions."""
+
+    def kv_stats(self) -> tuple[int, int, int]: ...
+
+
 class HoldsRequests:
     """`hold` for an executor that keeps its requests in `self.reqs`: iterate `self.running()`
     in `has_work` and `step`, and held requests are left alone."""
@@ -97,14 +118,6 @@ class HoldsRequests:
             return self.reqs
         holding.intersection_update(self.reqs)  # forget finished and aborted requests
         return {rid: r for rid, r in self.reqs.items() if rid not in holding}
-
-
-class ExecutorError(RequestError):
-    """Raised by an executor for one request; the stage fails that request only."""
-
-    def __init__(self, request_id: str, message: str) -> None:
-        super().__init__(message)
-        self.request_id = request_id
 
 
 EXECUTORS: dict[str, str] = {

@@ -152,6 +152,16 @@ class Outlet:
             return None
         return self.pool.acquire(request_id, peer)
 
+    def release(self, lease: int) -> str | None:
+        """End `lease` (see `SlotPool.release`)."""
+        return self.pool.release(lease)
+
+    def held(self, request_id: str) -> int:
+        return self.pool.held(request_id)
+
+    def reclaim(self, peer: str) -> list[str]:
+        return self.pool.reclaim(peer)
+
     def pack(
         self,
         request_id: str,

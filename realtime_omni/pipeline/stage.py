@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from realtime_omni.pipeline.executor import Emit, Executor
+from realtime_omni.errors import ExecutorError
+from realtime_omni.pipeline.executor import Emit, Executor, Holds
 
 Release = Callable[[], None]
 Payload = dict[str, Any]
@@ -46,7 +47,7 @@ class Stage:
         self.failures: list[tuple[str, str]] = []  # (request_id, message); the worker drains it
         self.stepping = False
         self._abort_after_step: set[str] = set()
-        self.can_hold = callable(getattr(executor, "hold", None))
+        self.can_hold = isinstance(executor, Holds)
         self.held: set[str] = set()
 
     @property
@@ -128,8 +129,8 @@ class Stage:
             self._executor_abort(rid)
         self._abort_after_step.clear()
         if error is not None:
-            rid = getattr(error, "request_id", None)
-            victims = [rid] if rid in self.started else sorted(self.started)
+            culprit = error.request_id if isinstance(error, ExecutorError) else None
+            victims = [culprit] if culprit in self.started else sorted(self.started)
             for r in victims:
                 self.fail(r, _describe(error))
             return []
@@ -137,12 +138,17 @@ class Stage:
 
     def set_held(self, rids: set[str]) -> None:
         """Hold exactly these requests in the executor (their outputs wait for credit)."""
-        for rid in rids - self.held:
-            if rid in self.started:
-                self.executor.hold(rid, True)  # type: ignore[attr-defined]
-        for rid in self.held - rids:
-            if rid in self.started:
-                self.executor.hold(rid, False)  # type: ignore[attr-defined]
+        on, off = rids - self.held, self.held - rids
+        if on or off:
+            executor = self.executor
+            if not isinstance(executor, Holds):
+                raise TypeError(f"stage {self.name}: its executor has no `hold`")
+            for rid in on:
+                if rid in self.started:
+                    executor.hold(rid, True)
+            for rid in off:
+                if rid in self.started:
+                    executor.hold(rid, False)
         self.held = {r for r in rids if r in self.started}
 
     def finish(self, rid: str) -> None:

@@ -19,20 +19,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
 
-from realtime_omni.errors import ConfigError, OmniError, RequestError
+from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import parse_config
-from realtime_omni.pipeline.executor import Emit, StageContext, load_executor
+from realtime_omni.pipeline.executor import Emit, ReportsKv, StageContext, Wakes, load_executor
 from realtime_omni.pipeline.graph import Edge, Graph, group_of
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload
+from realtime_omni.pipeline.router import Route, Router
 from realtime_omni.pipeline.shm import list_segments, segment_name, unlink_segments
 from realtime_omni.pipeline.stage import Stage
 
@@ -100,28 +100,6 @@ def worker_main(args: WorkerArgs) -> None:
     worker.run()
 
 
-@dataclass
-class _Out:
-    kind: str  # data | end | done
-    request_id: str
-    edge: Edge | None = None
-    payload: Payload | None = None
-
-
-@dataclass
-class _In:
-    """Something for a stage to take in: a payload (still in its slot or frame) or an end."""
-
-    kind: str  # data | end
-    request_id: str
-    src: str
-    once: bool = False
-    msg: m.DataReady | None = None  # a remote payload, opened when delivered
-    frames: list[Any] | None = None
-    payload: Payload | None = None  # a local payload, by reference
-    release: Any = None  # acknowledges the payload upstream
-
-
 class Worker:
     def __init__(self, args: WorkerArgs) -> None:
         self.args = args
@@ -132,7 +110,6 @@ class Worker:
         self.group = self.graph.groups[group_of(self.me)]
         self.ipc_dir = Path(args.ipc_dir)
         self.epochs = dict(args.epochs)
-        self.down: set[str] = set()
         threads = str(self.group.threads)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[var] = threads
@@ -157,19 +134,9 @@ class Worker:
 
         self.stages: dict[str, Stage] = {}
         self.outlets: dict[tuple[str, str], Outlet] = {}
-        # What a stage emitted and could not send yet for want of credit, per request. A request
-        # with pending outputs is held: its executor makes nothing more for it and its inputs
-        # wait (see `_work`), so each queue is bounded by one step's emits.
-        self.outbox: dict[str, dict[str, deque[_Out]]] = {}
         self.step_log: dict[str, deque[tuple[float, float]]] = {}  # recent steps, for Stats
         self.batch_log: dict[str, deque[int]] = {}  # requests each of those steps emitted for
         self.cpu_log: dict[str, deque[float]] = {}  # CPU seconds each of those steps took
-        self.routes: dict[str, dict[str, int]] = {}
-        self.abort_waits: set[tuple[str, str]] = set()  # (stage, rid) waiting for slots back
-        # Deliveries waiting for their stage. A held request takes nothing in, so its inputs
-        # stay unacknowledged and its senders upstream run out of credit for it: backpressure.
-        # Bounded by the credits of the stage's input edges.
-        self.inbound: dict[str, deque[_In]] = {}
         for name in self.group.stages:
             st = self.cfg.stages[name]
             ctx = StageContext(
@@ -185,8 +152,6 @@ class Worker:
             self.stages[name] = Stage(
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]
             )
-            self.outbox[name] = {}
-            self.inbound[name] = deque()
             self.step_log[name] = deque(maxlen=STEP_LOG)
             self.batch_log[name] = deque(maxlen=STEP_LOG)
             self.cpu_log[name] = deque(maxlen=STEP_LOG)
@@ -202,6 +167,7 @@ class Worker:
                     here,
                     rt.mooncake_protocol,
                 )
+        self.router = Router(self.graph, self.stages, self.outlets, self)
         self.gc_frozen = 0  # objects `run` froze
         self.running = True
         self._lock = threading.Lock()
@@ -210,7 +176,7 @@ class Worker:
     # ---- sockets -----------------------------------------------------------------------
 
     def _socket(self, process: str) -> zmq.Socket | None:
-        if process in self.down:
+        if process in self.router.down:
             return None
         sock = self.peers.get(process)
         if sock is None:
@@ -226,12 +192,6 @@ class Worker:
     def _to_coordinator(self, msg: m.Message) -> None:
         self._send(m.CLIENT, msg)
 
-    def _process_of(self, stage: str, route: dict[str, int]) -> str:
-        if stage == m.CLIENT:
-            return m.CLIENT
-        g = self.graph.process_of[stage]
-        return f"{g}#{route.get(g, 0)}"
-
     # ---- loop --------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -246,21 +206,21 @@ class Worker:
         poller.register(self.inbox, zmq.POLLIN)
         beat_every = self.cfg.runtime.heartbeat_interval_s
         self._next_beat = time.monotonic() + beat_every
-        fd = self.inbox.getsockopt(zmq.FD)
+        fd = self.inbox.fileno()
         control = threading.Thread(target=self._control, args=(fd,), name="control", daemon=True)
         self._lock.acquire()
         control.start()
         try:
             while self.running:
                 busy = self._drain()
-                busy |= self._work()
+                busy |= self.router.work(self._step)
                 if self._beat() and self.args.watch_parent and os.getppid() != parent:
                     break  # the coordinator is gone: nothing will ever ask us again
                 if not busy and self.running:
                     wait = min(beat_every, self._wake_in())
                     self._lock.release()
                     try:
-                        poller.poll(timeout=wait * 1000)
+                        poller.poll(timeout=int(wait * 1000))  # as pyzmq rounds a float
                     finally:
                         self._lock.acquire()
         finally:
@@ -275,8 +235,7 @@ class Worker:
         times = [
             t
             for st in self.stages.values()
-            if (wake := getattr(st.executor, "wake_in", None)) is not None
-            and (t := wake()) is not None
+            if isinstance(st.executor, Wakes) and (t := st.executor.wake_in()) is not None
         ]
         return max(0.0, min(times, default=float("inf")))
 
@@ -304,7 +263,7 @@ class Worker:
                 if not (self._stepping.is_set() and self.running):
                     continue
                 self._beat()
-                if self.inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if cast(int, self.inbox.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     self._drain()
                     continue
             select.select([fd], [], [], CONTROL_WAIT_S)
@@ -334,7 +293,7 @@ class Worker:
         return stage.end_step(emits, error)
 
     def _drain(self) -> bool:
-        batch = []
+        batch: list[tuple[m.Message, list[Any]]] = []
         while len(batch) < MAX_DRAIN:
             try:
                 got = m.receive(self.inbox, self.copy_recv)
@@ -362,64 +321,6 @@ class Worker:
         except Exception as e:
             log.warning("%s: dropped %s: %s: %s", self.me, type(msg).__name__, type(e).__name__, e)
 
-    def _work(self) -> bool:
-        """Flush, deliver and step every stage. A request whose outputs wait for credit is held
-        in its stage; an executor that cannot hold requests (no `hold` method) is not stepped at
-        all while any of its requests waits, and takes nothing in."""
-        busy = False
-        for name, stage in self.stages.items():
-            self._flush(name)
-            held = set(self.outbox[name])
-            if stage.can_hold:
-                stage.set_held(held)
-            busy |= self._deliver(name, held)
-            if (stage.can_hold or not held) and stage.executor.has_work():
-                busy = True
-                for emit in self._step(stage):
-                    self._route(name, emit)
-                self._flush(name)
-            self._report_failures(stage)
-        return busy or any(self._deliverable(n) for n in self.stages)
-
-    def _deliverable(self, name: str) -> bool:
-        held = self.outbox[name]
-        if not held:
-            return bool(self.inbound[name])
-        return self.stages[name].can_hold and any(
-            i.request_id not in held for i in self.inbound[name]
-        )
-
-    def _deliver(self, name: str, held: set[str]) -> bool:
-        stage, box = self.stages[name], self.inbound[name]
-        if not box or (held and not stage.can_hold):
-            return False
-        waiting: deque[_In] = deque()
-        delivered = False
-        while box:
-            item = box.popleft()
-            if item.request_id in held:
-                waiting.append(item)  # stays unacknowledged until the request flows again
-                continue
-            delivered = True
-            if item.kind == "end":
-                stage.on_end(item.request_id, item.src)
-                continue
-            payload = item.payload
-            if item.msg is not None:
-                try:
-                    payload = self.inlet.open(item.msg, item.frames or [])
-                except (OSError, ValueError, RequestError) as e:
-                    item.release()
-                    why = str(e)
-                    if isinstance(e, FileNotFoundError):  # only a writer's death unlinks its slots
-                        why = "its process died before it was read"
-                    stage.fail(item.request_id, f"cannot read payload from {item.src}: {why}")
-                    continue
-            stage.on_data(item.request_id, item.src, payload or {}, item.release, item.once)
-            self._report_failures(stage)
-        box.extend(waiting)
-        return delivered
-
     # ---- inbound -----------------------------------------------------------------------
 
     def _handle(self, msg: m.Message, frames: list[Any]) -> None:
@@ -427,21 +328,17 @@ class Worker:
             case m.DataReady():
                 self._on_data(msg, frames)
             case m.StreamEnd(request_id=rid, src=src, dst=dst, route=route):
-                if self.graph.edge(src, dst).kind != "stream":  # KeyError: not an edge of ours
-                    raise ValueError(f"{src}->{dst} is not a streaming edge")
-                if rid not in self.stages[dst].closed:
-                    self.routes.setdefault(rid, route)
-                    self.inbound[dst].append(_In("end", rid, src))
+                self.router.receive_end(rid, src, dst, route)
             case m.DataAck(src=src, dst=dst, lease=lease):
-                rid = self.outlets[(src, dst)].pool.release(lease)
-                if rid is not None:
-                    self._check_abort_wait(src, rid)
+                self.router.acked(src, dst, lease)
             case m.Abort(request_id=rid):
-                self._abort(rid)
+                self.router.abort(rid)
             case m.PeerDown(process=p):
-                self._peer_down(p)
+                self.router.peer_down(p)
+                sockets.drop(self.peers, p)
+                self.inlet.forget(p, self.args.owner_pid)
             case m.PeerUp(process=p, epoch=epoch, address=address):
-                self.down.discard(p)
+                self.router.peer_up(p)
                 self.epochs[p] = epoch
                 if address is not None and self.graph.address_of(p) != address:
                     self.graph.moved[p] = address  # the next send connects there
@@ -461,143 +358,33 @@ class Worker:
             self.inlet.settle(msg)  # a CUDA IPC slot: wait for our GPU work still reading it
             self._send(src_process, ack)
 
-        if msg.request_id in self.stages[msg.dst].closed:
-            release()
-            return
-        self.routes.setdefault(msg.request_id, msg.route)
-        once = self.graph.edge(msg.src, msg.dst).kind == "once"
-        self.inbound[msg.dst].append(
-            _In("data", msg.request_id, msg.src, once, msg=msg, frames=frames, release=release)
+        self.router.receive_data(msg, frames, release)
+
+    # ---- the router's link (see `router.Link`) -----------------------------------------
+
+    def send_data(
+        self, edge: Edge, peer: str, request_id: str, lease: int, payload: Payload, route: Route
+    ) -> None:
+        shared = self.graph.shares_memory(self.me, peer)
+        msg, frames = self.outlets[(edge.src, edge.dst)].pack(
+            request_id, lease, payload, route, shared
         )
+        self._send(peer, msg, frames)
 
-    # ---- outbound ----------------------------------------------------------------------
+    def send_end(self, edge: Edge, peer: str, request_id: str, route: Route) -> None:
+        self._send(peer, m.StreamEnd(request_id, edge.src, edge.dst, route))
 
-    def _route(self, stage: str, emit: Emit) -> None:
-        box = self.outbox[stage].setdefault(emit.request_id, deque())
-        if emit.data is not None:
-            for e in self.graph.out_edges[stage]:
-                if emit.to is None or emit.to == e.dst:
-                    box.append(_Out("data", emit.request_id, e, emit.data))
-        if emit.done:
-            for e in self.graph.out_edges[stage]:
-                if e.kind == "stream":
-                    box.append(_Out("end", emit.request_id, e))
-            box.append(_Out("done", emit.request_id))
+    def open_payload(self, msg: m.DataReady, frames: list[Any]) -> Payload:
+        return self.inlet.open(msg, frames)
 
-    def _flush(self, stage: str) -> None:
-        """Send what credits allow, each request's outputs in order."""
-        boxes = self.outbox[stage]
-        for rid in list(boxes):
-            box = boxes.get(rid)
-            if box is not None:
-                self._flush_request(stage, box)
-                if not box:
-                    boxes.pop(rid, None)
+    def stage_done(self, stage: str, request_id: str) -> None:
+        self._to_coordinator(m.StageDone(request_id, stage, self.me))
 
-    def _flush_request(self, stage: str, box: deque[_Out]) -> None:
-        """Send one request's outputs until one finds no credit (it then waits for an ack)."""
-        while box:
-            out = box[0]
-            rid = out.request_id
-            route = self.routes.get(rid, {})
-            if out.kind == "done":
-                self.stages[stage].finish(rid)
-                self._to_coordinator(m.StageDone(rid, stage, self.me))
-                self._forget_route(rid)
-            elif out.kind == "end":
-                e = out.edge
-                assert e is not None
-                if e.transport == "reference":
-                    self.inbound[e.dst].append(_In("end", rid, e.src))
-                else:
-                    self._send(
-                        self._process_of(e.dst, route), m.StreamEnd(rid, e.src, e.dst, route)
-                    )
-            else:
-                e = out.edge
-                assert e is not None and out.payload is not None
-                outlet = self.outlets[(e.src, e.dst)]
-                peer = self._process_of(e.dst, route)
-                if peer in self.down:  # the coordinator fails every request that needed it
-                    box.popleft()
-                    continue
-                lease = outlet.acquire(rid, peer)
-                if lease is None:
-                    return  # backpressure: wait for an ack
-                if e.transport == "reference":
-                    release = self._local_release(e, lease)
-                    once = e.kind == "once"
-                    item = _In("data", rid, e.src, once, payload=out.payload, release=release)
-                    self.inbound[e.dst].append(item)
-                else:
-                    try:
-                        shared = self.graph.shares_memory(self.me, peer)
-                        msg, frames = outlet.pack(rid, lease, out.payload, route, shared)
-                        self._send(peer, msg, frames)
-                    except (OmniError, TypeError, ValueError, msgspec.MsgspecError) as err:
-                        # Nothing was sent (msgpack refused the metadata, say): the credit is
-                        # still ours, and must come back or the edge runs dry.
-                        outlet.pool.release(lease)
-                        box.popleft()
-                        self.stages[stage].fail(rid, str(err))
-                        self._drop_outbox(rid)
-                        continue
-            box.popleft()
+    def stage_error(self, stage: str, request_id: str, message: str) -> None:
+        self._to_coordinator(m.StageError(request_id, stage, message))
 
-    def _local_release(self, e: Edge, lease: int):  # type: ignore[no-untyped-def]
-        def release() -> None:
-            rid = self.outlets[(e.src, e.dst)].pool.release(lease)
-            if rid is not None:
-                self._check_abort_wait(e.src, rid)
-
-        return release
-
-    def _report_failures(self, stage: Stage) -> None:
-        while stage.failures:
-            rid, message = stage.failures.pop(0)
-            self._drop_outbox(rid)
-            self._to_coordinator(m.StageError(rid, stage.name, message))
-
-    # ---- abort -------------------------------------------------------------------------
-
-    def _abort(self, rid: str) -> None:
-        self._drop_outbox(rid)
-        for name, stage in self.stages.items():
-            stage.abort(rid)
-            stage.failures = [f for f in stage.failures if f[0] != rid]
-            self.abort_waits.add((name, rid))
-            self._check_abort_wait(name, rid)
-        # Payloads already handed to local stages are released by their abort above.
-        self._forget_route(rid)
-
-    def _drop_outbox(self, rid: str) -> None:
-        for boxes in self.outbox.values():
-            boxes.pop(rid, None)
-        for box in self.inbound.values():
-            for item in [i for i in box if i.request_id == rid]:
-                box.remove(item)
-                if item.release is not None:
-                    item.release()
-
-    def _check_abort_wait(self, stage: str, rid: str) -> None:
-        if (stage, rid) not in self.abort_waits:
-            return
-        if any(o.pool.held(rid) for (src, _), o in self.outlets.items() if src == stage):
-            return
-        self.abort_waits.discard((stage, rid))
-        self._to_coordinator(m.AbortAck(rid, stage, self.me))
-
-    def _forget_route(self, rid: str) -> None:
-        if not any(s.holds(rid) for s in self.stages.values()):
-            self.routes.pop(rid, None)
-
-    def _peer_down(self, process: str) -> None:
-        self.down.add(process)
-        sockets.drop(self.peers, process)
-        self.inlet.forget(process, self.args.owner_pid)
-        for (src, _), outlet in self.outlets.items():
-            for rid in outlet.pool.reclaim(process):
-                self._check_abort_wait(src, rid)
+    def abort_acked(self, stage: str, request_id: str) -> None:
+        self._to_coordinator(m.AbortAck(request_id, stage, self.me))
 
     # ---- stats and shutdown ------------------------------------------------------------
 
@@ -614,29 +401,14 @@ class Worker:
             gc_frozen=self.gc_frozen,
             batches={n: list(log) for n, log in self.batch_log.items()},
             step_cpu={n: list(log) for n, log in self.cpu_log.items()},
-            kv={n: s.executor.kv_stats() for n, s in self.stages.items() if _has_kv(s.executor)},
-            queued_in=self._queued_in(),
-            queued_out=self._queued_out(),
+            kv={
+                n: s.executor.kv_stats()
+                for n, s in self.stages.items()
+                if isinstance(s.executor, ReportsKv)
+            },
+            queued_in=self.router.queued_in(),
+            queued_out=self.router.queued_out(),
         )
-
-    def _queued_in(self) -> dict[str, int]:
-        """Per input edge, deliveries waiting for their stage."""
-        counts: dict[str, int] = {}
-        for stage, box in self.inbound.items():
-            for item in box:
-                key = f"{item.src}->{stage}"
-                counts[key] = counts.get(key, 0) + 1
-        return counts
-
-    def _queued_out(self) -> dict[str, int]:
-        """Per output edge, outputs waiting for credit."""
-        counts = {o.edge.key: 0 for o in self.outlets.values()}
-        for boxes in self.outbox.values():
-            for box in boxes.values():
-                for out in box:
-                    if out.edge is not None:
-                        counts[out.edge.key] = counts.get(out.edge.key, 0) + 1
-        return counts
 
     def close(self) -> None:
         for outlet in self.outlets.values():
@@ -647,11 +419,6 @@ class Worker:
             sock.close(linger=100)
         self.inbox.close(linger=0)
         self.zmq.term()
-
-
-def _has_kv(executor: object) -> bool:
-    """The executor keeps a KV pool and says how full (`kv_stats`, optional)."""
-    return callable(getattr(executor, "kv_stats", None))
 
 
 if __name__ == "__main__":  # started by the coordinator: python -m realtime_omni.pipeline.worker

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
+from realtime_omni.errors import ExecutorError
+from realtime_omni.pipeline.executor import Emit, StageContext
 from realtime_omni.pipeline.simulated import SimulatedExecutor
 
 

@@ -1,7 +1,9 @@
-"""A config's stages in this process, stepped by hand: the graph's edges and the runtime's own
-fan-in bookkeeping (`pipeline/stage.py`), without sockets, so a test decides exactly when each
-request arrives and which requests share a step. The real stage processes are tested against
-the same oracle in test_equivalence.py; this one makes batching deterministic to test."""
+"""A config's stages in this process, stepped by hand: the graph's edges, the runtime's own
+fan-in bookkeeping (`pipeline/stage.py`) and its router (`pipeline/router.py`, the one every
+stage process routes with), without sockets, so a test decides exactly when each request
+arrives and which requests share a step. Every edge between stages is by reference and no
+credit runs out. The real stage processes are tested against the same oracle in
+test_equivalence.py; this one makes batching deterministic to test."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ from collections import defaultdict
 from typing import Any
 
 from realtime_omni.pipeline.config import parse_config
-from realtime_omni.pipeline.executor import Emit, StageContext, load_executor
-from realtime_omni.pipeline.graph import Graph
-from realtime_omni.pipeline.messages import CLIENT
-from realtime_omni.pipeline.stage import Stage
+from realtime_omni.pipeline.executor import Emit, StageContext, Wakes, load_executor
+from realtime_omni.pipeline.graph import Edge, Graph
+from realtime_omni.pipeline.messages import CLIENT, DataReady
+from realtime_omni.pipeline.router import Route, Router, Unmetered
+from realtime_omni.pipeline.stage import Payload, Stage
 
 STEP_S = 0.01  # how far the clock moves per `step()`: about a tiny model's step on a CPU
 
@@ -35,6 +38,10 @@ class InProcess:
         )
         self.open: dict[str, set[str]] = {}  # request -> terminal stages not yet done
         self.batches: dict[str, list[int]] = defaultdict(list)  # stage -> requests per step
+        credits = {(e.src, e.dst): Unmetered() for e in self.graph.edges if e.src != CLIENT}
+        self.router = Router(
+            self.graph, self.stages, credits, self, local=lambda e: e.dst != CLIENT
+        )
 
     def _executor(self, name: str) -> Any:
         cfg, st = self.graph.cfg, self.graph.cfg.stages[name]
@@ -62,33 +69,33 @@ class InProcess:
         self.stages[self.graph.entry].on_data(rid, CLIENT, payload, lambda: None, once=True)
 
     def abort(self, rid: str) -> None:
-        for stage in self.stages.values():
-            stage.abort(rid)
+        self.router.abort(rid)
         self.open.pop(rid, None)
 
     def step(self) -> None:
         """One step of every stage that has work, in the config's order; with none, the clock
         goes to the earliest time a stage waits for."""
         self.now += STEP_S
-        if not any(stage.executor.has_work() for stage in self.stages.values()):
+        idle = not any(self.router.deliverable(n) for n in self.stages)
+        if idle and not any(stage.executor.has_work() for stage in self.stages.values()):
             waits = [
-                getattr(stage.executor, "wake_in", lambda: None)() for stage in self.stages.values()
+                w
+                for stage in self.stages.values()
+                if isinstance(stage.executor, Wakes) and (w := stage.executor.wake_in()) is not None
             ]
-            waits = [w for w in waits if w is not None]
             if not waits and self.open:
                 raise AssertionError(
                     f"stuck: no stage has work or waits for any, {sorted(self.open)}"
                 )
             self.now += min(waits, default=0.0)
-        for name, stage in self.stages.items():
-            if not stage.executor.has_work():
-                continue
-            emits = stage.step()
-            if stage.failures:
-                raise AssertionError(f"{name}: {stage.failures}")
-            self.batches[name].append(len({e.request_id for e in emits}))
-            for e in emits:
-                self._route(name, e)
+        self.router.work(self._step)
+
+    def _step(self, stage: Stage) -> list[Emit]:
+        emits = stage.step()
+        if stage.failures:
+            raise AssertionError(f"{stage.name}: {stage.failures}")
+        self.batches[stage.name].append(len({e.request_id for e in emits}))
+        return emits
 
     def run(self, limit: int = 10_000) -> None:
         """Step until every submitted request is done."""
@@ -98,23 +105,27 @@ class InProcess:
             self.step()
         raise AssertionError(f"not done after {limit} steps: {sorted(self.open)}")
 
-    def _route(self, src: str, e: Emit) -> None:
-        edges = self.graph.out_edges[src]
-        if e.data is not None:
-            for edge in edges:
-                if e.to not in (None, edge.dst):
-                    continue
-                if edge.dst == CLIENT:
-                    self.outputs[e.request_id][src].append(e.data)
-                else:
-                    once = edge.kind == "once"
-                    self.stages[edge.dst].on_data(e.request_id, src, e.data, lambda: None, once)
-        if e.done:
-            self.stages[src].finish(e.request_id)
-            for edge in edges:
-                if edge.dst == CLIENT:
-                    self.open.get(e.request_id, set()).discard(src)
-                    if not self.open.get(e.request_id, True):
-                        del self.open[e.request_id]
-                elif edge.kind == "stream":
-                    self.stages[edge.dst].on_end(e.request_id, src)
+    # ---- the router's link: only what reaches the client leaves ----------------------
+
+    def send_data(
+        self, edge: Edge, peer: str, request_id: str, lease: int, payload: Payload, route: Route
+    ) -> None:
+        self.outputs[request_id][edge.src].append(payload)
+
+    def send_end(self, edge: Edge, peer: str, request_id: str, route: Route) -> None:
+        pass
+
+    def open_payload(self, msg: DataReady, frames: list[Any]) -> Payload:
+        raise AssertionError("every payload here is by reference")
+
+    def stage_done(self, stage: str, request_id: str) -> None:
+        if stage in self.graph.terminals:
+            self.open.get(request_id, set()).discard(stage)
+            if not self.open.get(request_id, True):
+                del self.open[request_id]
+
+    def stage_error(self, stage: str, request_id: str, message: str) -> None:
+        raise AssertionError(f"{stage}: {[(request_id, message)]}")
+
+    def abort_acked(self, stage: str, request_id: str) -> None:
+        pass

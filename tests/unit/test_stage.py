@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests
+from realtime_omni.errors import ExecutorError
+from realtime_omni.pipeline.executor import Emit, HoldsRequests
 from realtime_omni.pipeline.stage import Stage
 
 

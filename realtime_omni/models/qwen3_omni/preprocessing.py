@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from realtime_omni.errors import ExecutorError
 from realtime_omni.models.qwen3_omni.processor import load_processor
 from realtime_omni.models.qwen3_omni.weights import model_dir
-from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
+from realtime_omni.pipeline.executor import Emit, StageContext
 
 Payload = dict[str, Any]
 THINKER_FIELDS = (

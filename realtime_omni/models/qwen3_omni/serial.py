@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from realtime_omni.errors import ExecutorError
 from realtime_omni.models.qwen3_omni.preprocessing import encode_conversation
 from realtime_omni.models.qwen3_omni.processor import load_processor
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, setup_torch
 from realtime_omni.models.qwen3_omni.tiny import patch_config
 from realtime_omni.models.qwen3_omni.weights import model_dir
-from realtime_omni.pipeline.executor import Emit, ExecutorError, StageContext
+from realtime_omni.pipeline.executor import Emit, StageContext
 
 Payload = dict[str, Any]
 SAMPLE_RATE_HZ = 24000

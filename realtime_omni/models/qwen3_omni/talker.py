@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from realtime_omni.errors import ExecutorError
 from realtime_omni.models.qwen3_omni.cache import BlockCache, KeptSessions, pool_blocks
 from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
@@ -53,7 +54,7 @@ from realtime_omni.models.qwen3_omni.tensors import (
     to_torch,
 )
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir, read_rows
-from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
+from realtime_omni.pipeline.executor import Emit, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from realtime_omni.errors import ExecutorError
 from realtime_omni.models.qwen3_omni.cache import BlockCache, KeptSessions, pool_blocks
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import (
@@ -65,7 +66,7 @@ from realtime_omni.models.qwen3_omni.sampling import (
 )
 from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
-from realtime_omni.pipeline.executor import Emit, ExecutorError, HoldsRequests, StageContext
+from realtime_omni.pipeline.executor import Emit, HoldsRequests, StageContext
 
 Payload = dict[str, Any]
 # A paced request has made this many tokens: the talker's first two frames (the first chunk's)

@@ -1,0 +1,178 @@
+"""The router with no sockets: by-reference hand-over, credits and backpressure, abort acks, a
+dead peer, and a link that fails to send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realtime_omni.pipeline.config import parse_config
+from realtime_omni.pipeline.executor import Emit, HoldsRequests
+from realtime_omni.pipeline.graph import Edge, Graph
+from realtime_omni.pipeline.messages import CLIENT, DataReady
+from realtime_omni.pipeline.router import Route, Router
+from realtime_omni.pipeline.slots import SlotPool
+from realtime_omni.pipeline.stage import Payload, Stage
+
+
+class Counting(HoldsRequests):
+    """Emits `n` for each running request per step; `done` with its `frames`-th."""
+
+    def __init__(self, frames: int = 3) -> None:
+        self.frames = frames
+        self.reqs: dict[str, int] = {}
+        self.items: list[tuple[str, Payload]] = []
+
+    def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
+        self.reqs[request_id] = 0
+
+    def add_item(self, request_id: str, src: str, item: Payload) -> None:
+        self.items.append((request_id, item))
+
+    def end_stream(self, request_id: str, src: str) -> None:
+        pass
+
+    def has_work(self) -> bool:
+        return bool(self.running())
+
+    def step(self) -> list[Emit]:
+        out = []
+        for rid in list(self.running()):
+            self.reqs[rid] += 1
+            done = self.reqs[rid] == self.frames
+            out.append(Emit(rid, {"n": self.reqs[rid]}, done=done))
+            if done:
+                del self.reqs[rid]
+        return out
+
+    def abort(self, request_id: str) -> None:
+        self.reqs.pop(request_id, None)
+
+
+class Link:
+    """Records what leaves; `fail_sends` makes every send to the client raise."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Payload]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.fail_sends = False
+
+    def send_data(
+        self, edge: Edge, peer: str, request_id: str, lease: int, payload: Payload, route: Route
+    ) -> None:
+        if self.fail_sends:
+            raise TypeError("msgpack refused the metadata")
+        self.sent.append((peer, request_id, payload))
+
+    def send_end(self, edge: Edge, peer: str, request_id: str, route: Route) -> None:
+        self.events.append(("end", edge.key, request_id))
+
+    def open_payload(self, msg: DataReady, frames: list[Any]) -> Payload:
+        raise AssertionError("no remote payload here")
+
+    def stage_done(self, stage: str, request_id: str) -> None:
+        self.events.append(("done", stage, request_id))
+
+    def stage_error(self, stage: str, request_id: str, message: str) -> None:
+        self.events.append(("error", stage, message))
+
+    def abort_acked(self, stage: str, request_id: str) -> None:
+        self.events.append(("abort_ack", stage, request_id))
+
+
+def setup(client_slots: int = 8, frames: int = 3) -> tuple[Router, Link, dict[str, SlotPool]]:
+    """Stage `a` streams to `b` in one process; `b` streams to the client, `client_slots`
+    credits, all of which one request may take."""
+    cfg = parse_config(
+        {
+            "name": "t",
+            "entry": "a",
+            "stages": {
+                "a": {"executor": "simulated", "stream_to": ["b"], "process": "p", "max_batch": 1},
+                "b": {"executor": "simulated", "process": "p", "terminal": True, "max_batch": 1},
+            },
+            "edges": [
+                {"src": "b", "dst": CLIENT, "slots": client_slots, "request_slots": client_slots}
+            ],
+        }
+    )
+    graph = Graph(cfg)
+    stages = {
+        "a": Stage("a", Counting(frames), graph.wait_for["a"]),
+        "b": Stage("b", Counting(frames=10**6), graph.wait_for["b"]),
+    }
+    pools = {e.key: SlotPool(e.slots) for e in graph.edges if e.src != CLIENT}
+    link = Link()
+    credits = {(e.src, e.dst): pools[e.key] for e in graph.edges if e.src != CLIENT}
+    return Router(graph, stages, credits, link), link, pools
+
+
+def start(router: Router, rid: str) -> None:
+    router.stages["a"].on_data(rid, CLIENT, {}, lambda: None, once=True)
+
+
+def test_a_local_edge_hands_payloads_over_by_reference_and_the_request_finishes() -> None:
+    router, link, pools = setup()
+    start(router, "r")
+    while router.work(Stage.step):
+        pass
+    b = router.stages["b"].executor
+    assert isinstance(b, Counting)
+    assert [i for _, i in b.items] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert ("done", "a", "r") in link.events
+    assert pools["a->b"].free == pools["a->b"].n  # every local credit came back
+    assert [p for _, _, p in link.sent][:3] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert {peer for peer, _, _ in link.sent} == {CLIENT}
+
+
+def test_a_request_without_credit_is_held_and_flows_again_on_an_ack() -> None:
+    router, link, _pools = setup(client_slots=2)
+    start(router, "r")
+    for _ in range(10):
+        router.work(Stage.step)
+    assert len(link.sent) == 2  # the edge's two credits, then nothing more
+    assert router.stages["b"].held == {"r"}
+    assert router.queued_out()["b->client"] == 1  # one step's output waits, no more
+    router.acked("b", CLIENT, 0)  # the first lease comes back
+    router.work(Stage.step)
+    assert len(link.sent) == 3  # the waiting one went, and the next step's waits again
+    router.work(Stage.step)
+    assert len(link.sent) == 3
+    assert router.stages["b"].held == {"r"}
+
+
+def test_an_abort_is_acknowledged_only_once_the_credits_lent_for_it_are_back() -> None:
+    router, link, _pools = setup(client_slots=2)
+    start(router, "r")
+    for _ in range(4):
+        router.work(Stage.step)
+    router.abort("r")
+    acks = [e for e in link.events if e[0] == "abort_ack"]
+    assert acks == [("abort_ack", "a", "r")]  # b still lends two slots to the client
+    assert router.outbox["b"] == {}
+    router.acked("b", CLIENT, 0)
+    assert ("abort_ack", "b", "r") not in link.events
+    router.acked("b", CLIENT, 3)  # the second lease: 1 x 2 slots + slot 1
+    assert ("abort_ack", "b", "r") in link.events
+
+
+def test_a_dead_peer_gives_its_credits_back_and_gets_nothing_more() -> None:
+    router, link, pools = setup(client_slots=2)
+    start(router, "r")
+    for _ in range(4):
+        router.work(Stage.step)
+    router.abort("r")
+    router.peer_down(CLIENT)  # the acks will never come
+    assert ("abort_ack", "b", "r") in link.events
+    assert pools["b->client"].free == 2
+
+
+def test_a_send_that_fails_fails_its_request_and_keeps_the_credit() -> None:
+    router, link, pools = setup()
+    link.fail_sends = True
+    start(router, "r")
+    for _ in range(3):
+        router.work(Stage.step)
+    errors = [e for e in link.events if e[0] == "error"]
+    assert errors == [("error", "b", "msgpack refused the metadata")]
+    assert pools["b->client"].free == pools["b->client"].n
+    assert not router.stages["b"].holds("r")
