@@ -12,7 +12,7 @@ from realtime_omni.pipeline.config import load_config, parse_config
 from realtime_omni.pipeline.graph import Graph, group_of
 from realtime_omni.pipeline.messages import CLIENT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIMULATED = ROOT / "configs" / "simulated-qwen3-omni.yaml"
 
 

@@ -10,7 +10,7 @@ import pytest
 from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline.config import PipelineConfig, load_config, parse_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIMULATED = ROOT / "configs" / "simulated-qwen3-omni.yaml"
 
 
