@@ -15,8 +15,9 @@ What each field does here, where it differs from OpenAI:
 - `voice`: an OpenAI voice name (`alloy`, `ash`, ...) or one of the checkpoint's speakers,
   mapped through `Voices` (the config's `realtime.voices` table); another name is refused,
   naming the voices there are.
-- `audio.input.transcription`: each user audio item is transcribed (`gateway/session/transcribe.py`); `model`,
-  `language` and `prompt` are kept and shown, the server's own transcriber does the work.
+- `audio.input.transcription`: each user audio item is transcribed
+  (`gateway/session/transcribe.py`); `model`, `language` and `prompt` are kept and shown, the
+  server's own transcriber does the work.
 - `audio.input.noise_reduction`: `near_field` and `far_field` both run WebRTC's noise
   suppressor (LiveKit's bindings, the `aec` extra) on the microphone; without them it is
   refused.

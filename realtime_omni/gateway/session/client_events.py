@@ -24,7 +24,7 @@ from realtime_omni.gateway.protocol.events import (
 )
 from realtime_omni.gateway.protocol.settings import apply_session_update
 from realtime_omni.gateway.turns.echo import EchoCanceller
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ, ServerVad
+from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ
 
 log = logging.getLogger(__name__)
 # What `response.create`'s `response` may set for that response alone.
@@ -100,7 +100,7 @@ class ClientEvents:
         changed = s.turn_detection != self.settings.turn_detection
         self.settings = s
         if changed:
-            self._vad = ServerVad(self._vad_params())
+            self.turns.configure(s.turn_detection)
             self._clear_input()
         self._set_echo_cancellation()
         return refused
@@ -140,7 +140,7 @@ class ClientEvents:
                 f"got {len(pcm) * 1000 / SAMPLE_RATE_HZ:.0f} ms",
                 code="input_audio_buffer_commit_empty",
             )
-        item_id = self._turn_item_id or new_id("item")
+        item_id = self.turns.turn_item_id or new_id("item")
         self._clear_input()
         self._commit_audio(pcm, item_id)
 
@@ -184,11 +184,7 @@ class ClientEvents:
         if item.role != "assistant":
             raise ProtocolError("only assistant items can be truncated", param="item_id")
         if self._response is not None and self._response.item is item:
-            if self._turns.paused:
-                # The client cut the answer where speech began over it (OpenAI's clients do,
-                # at speech_started): it took the speech for an interruption, so it goes on as
-                # the next turn instead of being judged a blip.
-                self._turns.reset()
+            if self.turns.truncated():  # the speech over it goes on as the next turn
                 self.playout.paused = False  # the next answer plays
             await self.cancel_response("client_cancelled")
         self._flush(item.id)

@@ -48,7 +48,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,17 +63,21 @@ from realtime_omni.gateway.protocol.settings import Settings, Voices
 from realtime_omni.gateway.session.client_events import ClientEvents, _error
 from realtime_omni.gateway.session.responses import Responses, _Response
 from realtime_omni.gateway.session.transcribe import Transcriptions
-from realtime_omni.gateway.turns.echo import EchoCanceller, EchoGate
-from realtime_omni.gateway.turns.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
-from realtime_omni.gateway.turns.policy import Decision, TurnPolicy
-from realtime_omni.gateway.turns.vad import (
-    SAMPLE_RATE_HZ,
-    ServerVad,
-    SpeechStarted,
-    SpeechStopped,
-    VadParams,
-    Windower,
+from realtime_omni.gateway.turns.echo import EchoCanceller
+from realtime_omni.gateway.turns.end_of_turn import Ask
+from realtime_omni.gateway.turns.taking import (
+    Action,
+    AskEndOfTurn,
+    BargeIn,
+    Discard,
+    IdleTimeout,
+    Pause,
+    Resume,
+    SpeechStart,
+    TurnEnd,
+    TurnTaker,
 )
+from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ, Windower
 from realtime_omni.logs import SESSION
 
 log = logging.getLogger(__name__)
@@ -138,7 +141,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         self.on_pause: Callable[[], None] | None = None
         self.on_metric = on_metric  # each measurement as it is made (Prometheus histograms)
         self.id = new_id("sess")
-        self.settings = settings or Settings()
+        self._settings = settings or Settings()
         self._fixed_rate = output_rate_hz
         self.max_lead_ms = max_lead_ms
         self.max_payload_bytes = max_payload_bytes
@@ -156,15 +159,14 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._vad_factory = vad_factory
         self._vad_model: VadModel | None = None
         self._eot_model = end_of_turn  # semantic_vad's end-of-turn model; None: silence only
-        self._vad = ServerVad(self._vad_params())
-        self._eot = EndOfTurn(vad=self._vad.params.threshold)
-        self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
+        # Every turn decision: the VAD's, the end-of-turn model's, the echo gate's, speech over
+        # the answer, the idle timeout. This driver runs the models and carries them out.
+        self.turns = TurnTaker(self._settings.turn_detection, semantic=end_of_turn is not None)
         self._aec: EchoCanceller | None = None  # made at start() when the settings want one
         # The echo gate's own canceller (`echo_gate_aec`), where the audio itself is not
         # cancelled: what it leaves of each window goes beside the window, for the gate to
         # weigh; the VAD and the input keep the microphone's own sound.
         self._gate_aec: EchoCanceller | None = None
-        self._gate = EchoGate()  # is the microphone hearing the bot's own audio?
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
         self._far_resampler: Resampler | None = None  # what was read out, at 16 kHz
         self._windower = Windower()
@@ -172,8 +174,6 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._vad_wake = asyncio.Event()
         self._vad_task: asyncio.Task[None] | None = None
         self._vad_samples = 0  # input samples the VAD has judged
-        self._turn_item_id: str | None = None  # the user item a detected speech will become
-        self._turn_start_ms = 0
         self.input = InputBuffer()
         self.input_credit = AudioCredit()  # what `input_audio_buffer.append` may still send
         self._response: _Response | None = None
@@ -186,7 +186,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         # item_id -> its transcription, queued or running: one per user audio item still in
         # the conversation (deleting the item cancels it), so their audio is the items' own.
         self._transcriptions: dict[str, asyncio.Task[None]] = {}
-        self._idle: asyncio.TimerHandle | None = None  # turn_detection.idle_timeout_ms's timer
+        self._idle: asyncio.TimerHandle | None = None  # `turns.idle_deadline`'s timer
         self._closed = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -219,26 +219,6 @@ class Session(ClientEvents, Responses, Transcriptions):
             self._vad_pending.clear()
             self._windower = Windower()
 
-    def _semantic(self) -> bool:
-        """semantic_vad with an end-of-turn model: the model may end a turn before the VAD."""
-        td = self.settings.turn_detection
-        return td is not None and td.eagerness is not None and self._eot_model is not None
-
-    def _vad_params(self) -> VadParams | None:
-        """The VAD's rules: the session's, with semantic_vad's longest silence where an
-        end-of-turn model decides before it."""
-        td = self.settings.turn_detection
-        if td is None:
-            return None
-        if self._semantic():
-            assert td.eagerness is not None
-            return replace(td.vad, silence_duration_ms=SEMANTIC_TIMEOUT_MS[td.eagerness])
-        return td.vad
-
-    def _turn_params(self) -> Any:
-        td = self.settings.turn_detection
-        return td.turns if td is not None else None
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -254,6 +234,16 @@ class Session(ClientEvents, Responses, Transcriptions):
         )
 
     @property
+    def settings(self) -> Settings:
+        """The session object as it stands (`configure` applies a client's changes)."""
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        self._settings = value
+        self.turns.detection = value.turn_detection  # its rules take effect at the next clear
+
+    @property
     def output_rate(self) -> int:
         return self.playout.rate_hz
 
@@ -263,7 +253,7 @@ class Session(ClientEvents, Responses, Transcriptions):
     @property
     def input_speaking(self) -> bool:
         """The VAD hears the person speaking now."""
-        return self._vad.speaking
+        return self.turns.speaking
 
     @property
     def active_response(self) -> str | None:
@@ -323,25 +313,19 @@ class Session(ClientEvents, Responses, Transcriptions):
         self.input.clear()
         self._vad_pending.clear()
         self._vad_samples = self.input.end
-        self._vad = ServerVad(self._vad.params)
-        self._vad.elapsed_ms = self.input.end * 1000 / SAMPLE_RATE_HZ
-        self._eot.reset()
+        self.turns.clear(self.input.end * 1000 / SAMPLE_RATE_HZ)
         self._windower = Windower()
-        self._turn_item_id = None
-        self._turns = TurnPolicy(self._turn_params(), self._vad.params.threshold)
         self.playout.paused = False
         if self._vad_model is not None:
             self._vad_model.reset()
 
     async def _vad_loop(self) -> None:
         while True:
-            if not self._turns.paused:
+            if not self.turns.paused:
                 await self._vad_wake.wait()
-            elif not await wait_set(self._vad_wake, self._turns.params.resume_after_ms / 1000):
-                # Paused over speech, and the client sends no more audio: the policy hears that
-                # much silence (the VAD does not: its clock is the audio's).
-                while self._turns.paused:
-                    self._apply(self._turns.feed(0.0, None, self._bot_speaking()))
+            elif not await wait_set(self._vad_wake, self.turns.resume_after_s):
+                # Paused over speech, and the client sends no more audio.
+                self._carry_out(self.turns.quiet(self._response is not None))
                 continue
             self._vad_wake.clear()
             chunks, self._vad_pending = self._vad_pending, []
@@ -358,13 +342,9 @@ class Session(ClientEvents, Responses, Transcriptions):
                     self._vad_samples += len(mic)
                     clean = w[1] if w.ndim == 2 else None
                     self._on_window(p, mic, self._arrival(self._vad_samples), clean)
-            if not self._vad.speaking and self.settings.turn_detection is not None:
+            if not self.turns.speaking and self.settings.turn_detection is not None:
                 pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
                 self.input.trim(self._vad_samples - pad - windows[0].shape[-1])
-
-    def feed_vad(self, prob: float) -> None:
-        """One window's speech probability, as the VAD task would feed it (tests, fakes)."""
-        self._on_window(prob)
 
     def _arrival(self, end: int) -> float:
         """When the input sample before absolute index `end` arrived."""
@@ -379,32 +359,54 @@ class Session(ClientEvents, Responses, Transcriptions):
         t: float = 0.0,
         clean: np.ndarray | None = None,
     ) -> None:
-        """One VAD window: the VAD's turn rules, and the turn policy while the bot speaks.
-        `clean`: the window through the gate's echo canceller, when it has one."""
-        td = self.settings.turn_detection
-        if window is not None and self._gating() and self._gate.window(window, t, clean):
-            prob = 0.0  # the bot's own voice coming back: neither speech nor a turn
-        ev = self._vad.feed(prob)
-        if td is None:
-            return
-        if self._semantic() and (ask := self._eot.feed(prob, ev)) is not None:
-            start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
-            end = int(self._vad.elapsed_ms * SAMPLE_RATE_HZ / 1000)  # what the VAD has judged
-            self._track(self._judge_end_of_turn(ask, self.input.slice(start, end)))
-        if isinstance(ev, SpeechStarted):
-            self._disarm_idle()
-            self._turn_item_id = new_id("item")
-            self._turn_start_ms = ev.audio_start_ms
-            self._emit(
-                "input_audio_buffer.speech_started",
-                audio_start_ms=ev.audio_start_ms,
-                item_id=self._turn_item_id,
-            )
-        speaking = self._bot_speaking()
-        if (speaking or self._turns.paused) and self._apply(self._turns.feed(prob, ev, speaking)):
-            return  # a discarded blip: its stop, if the VAD saw one, is no turn
-        if isinstance(ev, SpeechStopped):
-            self._on_speech_stopped(ev)
+        """One VAD window's speech probability (its audio, its arrival time and what the gate's
+        echo canceller leaves of it, where there are): what the turn-taker decides is done."""
+        responding = self._response is not None
+        self._carry_out(self.turns.window(prob, responding, window, t, clean))
+
+    def _carry_out(self, actions: list[Action]) -> None:
+        """Do what the turn-taker decided, in order."""
+        for a in actions:
+            if isinstance(a, (Pause, Resume, BargeIn, Discard)):
+                path = self.turns.gate.path
+                log.debug(
+                    "session %s: speech over the answer: %s (echo path %s, lag %s windows)",
+                    self.id, type(a).__name__, "learnt" if path is not None else "unknown",
+                    None if path is None else int(np.argmax(path)),
+                )  # fmt: skip
+            if isinstance(a, SpeechStart):
+                self._disarm_idle()
+                self._emit(
+                    "input_audio_buffer.speech_started",
+                    audio_start_ms=a.audio_start_ms,
+                    item_id=a.item_id,
+                )
+            elif isinstance(a, TurnEnd):
+                self._end_turn(a)
+            elif isinstance(a, AskEndOfTurn):
+                start = a.audio_start_ms * SAMPLE_RATE_HZ // 1000
+                end = int(a.audio_end_ms * SAMPLE_RATE_HZ / 1000)  # what the VAD has judged
+                self._track(self._judge_end_of_turn(a.ask, self.input.slice(start, end)))
+            elif isinstance(a, Pause):
+                self.playout.paused = True  # the next frame out is silent; nothing is lost
+                self._barge_at = time.monotonic()
+                if self.on_pause is not None:
+                    self.on_pause()
+            elif isinstance(a, Resume):
+                self.playout.paused = False
+                self.audio_written.set()  # a sender waiting for audio: there is some again
+            elif isinstance(a, BargeIn):
+                self._barge_in()
+            elif isinstance(a, Discard):
+                self._emit(
+                    "input_audio_buffer.speech_stopped",
+                    audio_end_ms=a.audio_end_ms,
+                    item_id=a.item_id,
+                )
+                self._clear_input()
+                self._emit("input_audio_buffer.cleared")
+            elif isinstance(a, IdleTimeout):
+                self._idle_timeout()
 
     async def _judge_end_of_turn(self, ask: Ask, audio: np.ndarray) -> None:
         """The speech paused: if the end-of-turn model hears the turn complete, it ends now."""
@@ -415,9 +417,7 @@ class Session(ClientEvents, Responses, Transcriptions):
             log.exception("session %s: the end-of-turn model failed; silence decides", self.id)
             return
         log.debug("session %s: end of turn? p=%.2f", self.id, p)
-        if self._eot.answer(ask, p) and self._vad.speaking and not self._turns.paused:
-            self._eot.reset()
-            self._on_speech_stopped(self._vad.stop())
+        self._carry_out(self.turns.end_of_turn(ask, p))
 
     # ---- idle timeout ------------------------------------------------------------------
 
@@ -425,20 +425,26 @@ class Session(ClientEvents, Responses, Transcriptions):
         """An answer has been heard: with `idle_timeout_ms`, silence that long from now asks the
         model to go on (OpenAI's server_vad idle timeout, for a caller gone quiet)."""
         self._disarm_idle()
-        td = self.settings.turn_detection
-        if td is not None and td.idle_timeout_ms and not self._closed:
+        if self._closed:
+            return
+        now = time.monotonic()
+        deadline = self.turns.answered(now)
+        if deadline is not None:
             loop = asyncio.get_running_loop()
-            self._idle = loop.call_later(td.idle_timeout_ms / 1000, self._idle_timeout)
+            self._idle = loop.call_later(deadline - now, self._on_idle, deadline)
 
     def _disarm_idle(self) -> None:
+        self.turns.cancel_idle()
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
 
-    def _idle_timeout(self) -> None:
+    def _on_idle(self, deadline: float) -> None:
         self._idle = None
-        if self._response is not None or self._vad.speaking or self._closed:
-            return
+        if not self._closed:
+            self._carry_out(self.turns.idle(deadline, self._response is not None))
+
+    def _idle_timeout(self) -> None:
         start, end = self.input.start, self.input.end
         pcm = self.input.slice(start, end)
         item_id = new_id("item")
@@ -454,61 +460,19 @@ class Session(ClientEvents, Responses, Transcriptions):
         with contextlib.suppress(ProtocolError):  # the conversation too large: no answer
             self._start_response({}, time.monotonic())
 
-    def _gating(self) -> bool:
-        """The echo gate is on (server VAD with `echo_gate`)."""
-        td = self.settings.turn_detection
-        return td is not None and td.turns.echo_gate
-
-    def _bot_speaking(self) -> bool:
-        """An answer is active that speech may interrupt."""
-        td = self.settings.turn_detection
-        return td is not None and td.interrupt_response and self._response is not None
-
-    def _apply(self, decisions: list[Decision]) -> bool:
-        """Carry out the turn policy's decisions; True when the speech was discarded."""
-        for d in decisions:
-            log.debug(
-                "session %s: speech over the answer: %s (echo path %s, lag %s windows)",
-                self.id, d.value, "learnt" if self._gate.path is not None else "unknown",
-                None if self._gate.path is None else int(np.argmax(self._gate.path)),
-            )  # fmt: skip
-            if d is Decision.PAUSE:
-                self.playout.paused = True  # the next frame out is silent; nothing is lost
-                self._barge_at = time.monotonic()
-                if self.on_pause is not None:
-                    self.on_pause()
-            elif d is Decision.RESUME:
-                self.playout.paused = False
-                self.audio_written.set()  # a sender waiting for audio: there is some again
-            elif d is Decision.BARGE_IN:
-                self._barge_in()
-            elif d is Decision.DISCARD:
-                self._discard_speech()
-                return True
-        return False
-
-    def _discard_speech(self) -> None:
-        """Speech over the bot that was no interruption: no turn; the VAD starts afresh."""
-        item_id = self._turn_item_id or new_id("item")
-        end_ms = round(self._vad.elapsed_ms)
-        self._emit("input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=item_id)
-        self._clear_input()
-        self._emit("input_audio_buffer.cleared")
-
-    def _on_speech_stopped(self, ev: SpeechStopped) -> None:
-        td = self.settings.turn_detection
-        assert td is not None
-        item_id = self._turn_item_id or new_id("item")
+    def _end_turn(self, turn: TurnEnd) -> None:
+        """A turn ended: its audio becomes a user item and, if asked, gets an answer."""
         self._emit(
-            "input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_end_ms, item_id=item_id
+            "input_audio_buffer.speech_stopped",
+            audio_end_ms=turn.audio_end_ms,
+            item_id=turn.item_id,
         )
-        start = self._turn_start_ms * SAMPLE_RATE_HZ // 1000
-        end = ev.audio_end_ms * SAMPLE_RATE_HZ // 1000
+        start = turn.audio_start_ms * SAMPLE_RATE_HZ // 1000
+        end = turn.audio_end_ms * SAMPLE_RATE_HZ // 1000
         pcm = self.input.slice(start, end)
         self.input.trim(end)
-        self._turn_item_id = None
-        self._commit_audio(pcm, item_id)
-        if td.create_response and self._response is None:
+        self._commit_audio(pcm, turn.item_id)
+        if turn.respond and self._response is None:
             try:
                 self._start_response({}, time.monotonic())
             except ProtocolError as e:  # no client event to answer: tell it all the same
@@ -549,7 +513,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
         if (len(r.pcm) or self._far_resampler is not None) and (
-            self._gating() or self._aec is not None
+            self.turns.gating or self._aec is not None
         ):
             self._far(r)  # an empty read (no `pad`) after an answer hands over the tail too
         now = time.monotonic()
@@ -578,8 +542,8 @@ class Session(ClientEvents, Responses, Transcriptions):
         if not r.items and not cancelling:
             if self._far_resampler is not None:
                 tail, self._far_resampler = self._far_resampler.flush(), None
-                if len(tail) and self._gating():
-                    self._gate.far(tail, time.monotonic())
+                if len(tail) and self.turns.gating:
+                    self.turns.gate.far(tail, time.monotonic())
             return
         if not len(r.pcm):
             return
@@ -587,8 +551,8 @@ class Session(ClientEvents, Responses, Transcriptions):
         if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
             self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
         far = self._far_resampler.process(r.pcm)
-        if self._gating():
-            self._gate.far(far, time.monotonic())
+        if self.turns.gating:
+            self.turns.gate.far(far, time.monotonic())
         for aec in (self._aec, self._gate_aec):
             if aec is not None:
                 aec.far(far)

@@ -30,7 +30,7 @@ from realtime_omni.gateway.app import Gateway, create_app
 from realtime_omni.gateway.config import GatewayConfig, PhoneConfig, RealtimeConfig
 from realtime_omni.pipeline.config import load_config
 from tests.conftest import ROOT, free_port, timeout
-from tests.unit.gateway.session.test_session import FakeCoord
+from tests.unit.gateway.fakes import FakeCoord
 
 KEYS_ENV = "RTO_TEST_APP_KEYS"
 

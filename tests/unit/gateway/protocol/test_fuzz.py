@@ -14,7 +14,7 @@ import pytest
 from realtime_omni.gateway.session.driver import Session
 from tests.conftest import run
 from tests.unit.gateway.app_harness import gateway_server, offer
-from tests.unit.gateway.session.test_session import FakeCoord
+from tests.unit.gateway.fakes import FakeCoord
 
 KEY = "sk-fuzz-0123"
 SEED = 31

@@ -9,7 +9,7 @@ from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports import phone
 from tests.conftest import run
-from tests.unit.gateway.session.test_session import FakeCoord
+from tests.unit.gateway.fakes import FakeCoord
 
 
 def test_the_idle_watch_ends_when_cancelled_as_an_event_arrives() -> None:

@@ -10,82 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_omni.errors import RequestAborted, RequestError
+from realtime_omni.errors import RequestError
 from realtime_omni.gateway.protocol.events import ProtocolError
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.pipeline.coordinator import Output
 from tests.conftest import run
-
-CHUNK = 1920 * 4  # 320 ms at 24 kHz
-
-
-class FakeStream:
-    def __init__(self, chunks: int, gap_s: float) -> None:
-        self.chunks, self.gap_s, self.taken = chunks, gap_s, 0
-        self.aborted = self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-    def __aiter__(self) -> "FakeStream":
-        return self
-
-    async def __anext__(self) -> Output:
-        if self.aborted:
-            raise RequestAborted("aborted")
-        if self.taken >= self.chunks:
-            raise StopAsyncIteration
-        await asyncio.sleep(self.gap_s)
-        self.taken += 1
-        if self.taken % 2:
-            return Output("decode", {"text": f"w{self.taken} ", "token_time": time.monotonic()})
-        return Output(
-            "code2wav", {"pcm": np.ones((4, 1920), np.float32), "token_time": time.monotonic()}
-        )
-
-
-class FakeCoord:
-    def __init__(self, chunks: int = 20, gap_s: float = 0.0) -> None:
-        self.chunks, self.gap_s = chunks, gap_s
-        self.payloads: list[dict[str, Any]] = []
-        self.streams: dict[str, FakeStream] = {}
-        self.aborted: list[str] = []
-
-    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
-        assert request_id is not None
-        self.payloads.append(payload)
-        self.streams[request_id] = s = FakeStream(self.chunks, self.gap_s)
-        return s
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-        if request_id in self.streams:
-            self.streams[request_id].aborted = True
-
-
-def types(s: Session) -> list[str]:
-    return [e["type"] for e in s.pending_events()]
-
-
-async def settle(s: Session, pred: Any, limit_s: float = 5.0, read: int = 0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not pred():
-        if read:
-            s.read_output(read)
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
-
-
-def speak(s: Session, windows: int) -> None:
-    for _ in range(windows):
-        s.push_audio(np.full(512, 0.1, np.float32), 16000)  # the buffer, in step with the VAD
-        s.feed_vad(0.9)
-
-
-def silence(s: Session, windows: int) -> None:
-    for _ in range(windows):
-        s.push_audio(np.zeros(512, np.float32), 16000)
-        s.feed_vad(0.0)
+from tests.unit.gateway.fakes import FakeCoord, FakeStream, settle, silence, speak, types
 
 
 def test_speech_turn_commits_and_streams_a_response_into_playout() -> None:
@@ -771,8 +701,8 @@ def test_the_echo_gate_hears_what_is_read_out_and_no_padding(pad: bool) -> None:
     async def main() -> None:
         s = Session(FakeCoord(), output_rate_hz=24000)
         heard: list[int] = []
-        far = s._gate.far
-        s._gate.far = lambda pcm, t: heard.append(len(pcm)) or far(pcm, t)  # type: ignore[method-assign]
+        far = s.turns.gate.far
+        s.turns.gate.far = lambda pcm, t: heard.append(len(pcm)) or far(pcm, t)  # type: ignore[method-assign]
         for _ in range(3):
             s.read_output(480, pad)  # nothing playing
         assert heard == []
@@ -782,7 +712,7 @@ def test_the_echo_gate_hears_what_is_read_out_and_no_padding(pad: bool) -> None:
             s.read_output(480, pad)
         assert len(heard) == 6  # five reads of the tone and one tail
         assert abs(sum(heard) - 5 * 320) <= 2  # all of it, at 16 kHz
-        assert s._gate._slots  # the gate keeps the energies it was told
+        assert s.turns.gate._slots  # the gate keeps the energies it was told
 
     run(asyncio.wait_for(main(), 10))
 

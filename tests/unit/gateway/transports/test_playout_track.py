@@ -15,7 +15,7 @@ from realtime_omni.gateway.transports.webrtc_media import (
     PlayoutTrack,
 )
 from tests.conftest import run
-from tests.unit.gateway.session.test_session import FakeCoord
+from tests.unit.gateway.fakes import FakeCoord
 
 
 def test_silence_is_sent_as_the_silent_frame_and_speech_is_encoded() -> None:

@@ -14,7 +14,7 @@ from realtime_omni.gateway.turns.end_of_turn import Ask, EndOfTurn
 from realtime_omni.gateway.turns.vad import SpeechStarted, SpeechStopped
 from realtime_omni.models.smart_turn import SmartTurn, log_mel
 from tests.conftest import run
-from tests.unit.gateway.session.test_session import FakeCoord, silence, speak
+from tests.unit.gateway.fakes import FakeCoord, silence, speak
 
 
 def trace(eot: EndOfTurn, probs: list[float]) -> list[Ask]:
