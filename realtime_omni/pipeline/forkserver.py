@@ -182,15 +182,15 @@ def serve(fd: int) -> None:
         sock.sendall(json.dumps(msg).encode() + b"\n")
 
     while True:
-        readable, _, _ = select.select([sock, *children], [], [])
+        readable, _, _ = select.select([fd, *children], [], [])
         for pidfd in readable:
-            if pidfd is sock:
+            if pidfd == fd:
                 continue
             pid = children.pop(pidfd)
             os.close(pidfd)
             _, status = os.waitpid(pid, 0)
             send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
-        if sock not in readable:
+        if fd not in readable:
             continue
         chunk = sock.recv(65536)
         if not chunk:

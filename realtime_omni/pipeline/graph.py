@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from realtime_omni.errors import ConfigError
-from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.config import PipelineConfig, Transport
 from realtime_omni.pipeline.messages import CLIENT
 
 
@@ -143,7 +143,7 @@ class Graph:
         # them on another node): process -> the address their inbox is at now.
         self.moved: dict[str, str] = {}
 
-    def _auto_transport(self, src: str, dst: str) -> str:
+    def _auto_transport(self, src: str, dst: str) -> Transport:
         if self.process_of[src] == self.process_of[dst]:
             return "reference"
         if self.host_of[src] != self.host_of[dst] or {src, dst} & self.spans:

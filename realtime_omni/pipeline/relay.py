@@ -217,7 +217,7 @@ class Outlet:
                 parts.append(a.tobytes())
                 msg.arrays.append(ArrayRef(name, _name(a.dtype), a.shape, 0, offset, a.nbytes))
                 offset += a.nbytes
-            msg.blob = parts[0] if len(parts) == 1 else b"".join(parts)
+            msg.blob = memoryview(parts[0] if len(parts) == 1 else b"".join(parts))
             return msg, []
         frames: list[Any] = []
         for name, a in arrays.items():

@@ -302,8 +302,8 @@ class SimulatedExecutor:
             spec = self.outputs.get(target, self.outputs.get("*", {}))
             on_gpu = self.device.startswith("cuda") and target != CLIENT
             payload: Payload = dict(meta)
-            for name, (dtype, shape) in spec.items():
-                shape = tuple(n if d == "n" else d for d in shape)
+            for name, (dtype, dims) in spec.items():
+                shape = tuple(n if d == "n" else d for d in dims)
                 if self.speech is not None and target == CLIENT and dtype.startswith("float"):
                     payload[name] = self._speak(rid, shape)
                     continue

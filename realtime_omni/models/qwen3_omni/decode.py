@@ -36,9 +36,11 @@ class DecodeExecutor(HoldsRequests):
         self.reqs: dict[str, _Request] = {}
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
+        text = self.tokenizer.decode(
             ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
+        assert isinstance(text, str)  # one sequence of ids: one string
+        return text
 
     def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
         self.reqs[request_id] = _Request(IncrementalDetokenizer(self._decode))

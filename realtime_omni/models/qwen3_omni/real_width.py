@@ -63,6 +63,7 @@ from realtime_omni.models.qwen3_omni.tiny import (
     _save_processor_files,
     build_tokenizer,
     ensure_built,
+    set_text_ends,
 )
 
 VERSION = 1  # bumped when what is built changes
@@ -222,8 +223,7 @@ def build_config(layers: int | None = LAYERS) -> Any:
     from transformers import Qwen3OmniMoeConfig
 
     cfg = Qwen3OmniMoeConfig(**real_config_dict(layers))
-    cfg.thinker_config.text_config.eos_token_id = IDS["<|im_end|>"]
-    cfg.thinker_config.text_config.pad_token_id = IDS["<|endoftext|>"]
+    set_text_ends(cfg, eos=IDS["<|im_end|>"], pad=IDS["<|endoftext|>"])
     return cfg
 
 

@@ -36,7 +36,8 @@ class SerialExecutor:
         self.device = setup_torch(ctx.device)
         d = model_dir(ctx.model)
         dtype = model_dtype(ctx.model, ctx.device)
-        model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(d, dtype=dtype)
+        # Any: transformers wraps `to` with functools.wraps, which mypy does not bind to `model`.
+        model: Any = Qwen3OmniMoeForConditionalGeneration.from_pretrained(d, dtype=dtype)
         self.model = model.to(self.device).eval()
         patch_config(self.model.config)
         self.processor = load_processor(d)

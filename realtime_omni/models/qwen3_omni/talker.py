@@ -312,7 +312,8 @@ class TalkerExecutor(HoldsRequests):
         last = out.hidden_states[0][-1]
         result = []
         for i, (rid, r, tok) in enumerate(zip(rids, reqs, toks, strict=True)):
-            r.next_pos = r.next_pos + 1  # type: ignore[operator]
+            assert r.next_pos is not None  # set by its prefill
+            r.next_pos = r.next_pos + 1
             token_time = tok.token_time if tok else r.last_time
             result.append((rid, out.logits[i, -1], last[i : i + 1, -1:], token_time))
         return result

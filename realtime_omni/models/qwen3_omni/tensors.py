@@ -12,7 +12,7 @@ goes to the client.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ def to_torch(a: np.ndarray | torch.Tensor, device: str | torch.device = "cpu") -
     return cuda_ipc.from_numpy(np.array(a, copy=True), device)
 
 
-def nonempty(a: Any) -> bool:
+def nonempty(a: Any) -> TypeGuard[np.ndarray | torch.Tensor]:
     """Whether `a` is an input array (numpy or a tensor) with at least one element."""
     if isinstance(a, torch.Tensor):
         return a.numel() > 0

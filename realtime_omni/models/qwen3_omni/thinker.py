@@ -377,7 +377,8 @@ class ThinkerExecutor(HoldsRequests):
         picks = pick_batch([r.sampler for r in reqs], logits).tolist()  # one read back
         emits: list[Emit] = []
         for rid, r, tok in zip(rids, reqs, picks, strict=True):
-            r.next_pos = r.next_pos + 1  # type: ignore[operator]
+            assert r.next_pos is not None  # set by its prefill
+            r.next_pos = r.next_pos + 1
             emits += self._take(rid, int(tok), None)
         return emits
 

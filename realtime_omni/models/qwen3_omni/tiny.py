@@ -240,9 +240,18 @@ def build_config(tokenizer: Any) -> Any:
     d["assistant_token_id"] = role["assistant"]
     d["thinker_config"]["user_token_id"] = role["user"]
     cfg = Qwen3OmniMoeConfig(**d)
-    cfg.thinker_config.text_config.eos_token_id = IDS["<|im_end|>"]
-    cfg.thinker_config.text_config.pad_token_id = IDS["<|endoftext|>"]
+    set_text_ends(cfg, eos=IDS["<|im_end|>"], pad=IDS["<|endoftext|>"])
     return cfg
+
+
+def set_text_ends(cfg: Any, eos: int, pad: int) -> None:
+    """The thinker's end-of-sequence and padding tokens, in its text config."""
+    from transformers import PreTrainedConfig
+
+    thinker = cfg.thinker_config
+    assert isinstance(thinker, PreTrainedConfig)  # the config's constructor made it one
+    thinker.text_config.eos_token_id = eos
+    thinker.text_config.pad_token_id = pad
 
 
 def build_tokenizer(

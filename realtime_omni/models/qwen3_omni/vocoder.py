@@ -63,6 +63,7 @@ class StreamingDecoder:
         walk = _Walk(_stack(states), ends)
         x = hidden.permute(0, 2, 1)
         for blocks in self.model.upsample:
+            assert isinstance(blocks, nn.ModuleList)  # a transposed convolution, a ConvNeXt block
             for block in blocks:
                 x = walk.run(block, x)
         for block in self.model.decoder:
@@ -128,11 +129,12 @@ def _native(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     The other convolutions stay with oneDNN: PyTorch's kernels took 1.5x as long for them."""
     if not NATIVE_TRANSPOSED or x.device.type != "cpu" or not torch.backends.mkldnn.enabled:
         return m(x)
-    torch.backends.mkldnn.enabled = False
+    # The flag is a descriptor on torch's module object, which mypy reads as the descriptor.
+    torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
     try:
         return m(x)
     finally:
-        torch.backends.mkldnn.enabled = True
+        torch.backends.mkldnn.enabled = True  # type: ignore[assignment]
 
 
 def _stack(states: list[State]) -> State:

@@ -320,6 +320,7 @@ def _params_on_meta() -> Iterator[None]:
         original(self, name, param)
         if param is not None:
             p = self._parameters[name]
+            assert p is not None  # registered just now
             self._parameters[name] = nn.Parameter(p.to("meta"), requires_grad=p.requires_grad)
 
     nn.Module.register_parameter = register  # type: ignore[method-assign]
