@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from realtime_omni.errors import ExecutorError
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.executor import Emit, HoldsRequests
 from realtime_omni.pipeline.graph import Edge, Graph
@@ -176,3 +177,73 @@ def test_a_send_that_fails_fails_its_request_and_keeps_the_credit() -> None:
     assert errors == [("error", "b", "msgpack refused the metadata")]
     assert pools["b->client"].free == pools["b->client"].n
     assert not router.stages["b"].holds("r")
+
+
+class Misbehaving(Counting):
+    """As `Counting`, but a request named in `stall` never makes another output (it stays
+    running: `has_work` says yes), and one named in `fail_at` fails at that step."""
+
+    def __init__(self, stall: tuple[str, ...] = (), fail_at: tuple[str, int] | None = None) -> None:
+        super().__init__(frames=4)
+        self.stall = set(stall)
+        self.fail_at = dict([fail_at] if fail_at else [])
+
+    def step(self) -> list[Emit]:
+        for rid, n in self.fail_at.items():
+            if self.reqs.get(rid) == n - 1:
+                del self.reqs[rid]
+                raise ExecutorError(rid, f"{rid} failed at step {n}")
+        stalled = {rid: self.reqs.pop(rid) for rid in self.stall if rid in self.reqs}
+        try:
+            return super().step()
+        finally:
+            self.reqs.update(stalled)
+
+
+def misbehaving(executor: Misbehaving) -> tuple[Router, Link]:
+    router, link, _ = setup()
+    router.stages["a"].executor = executor
+    for rid in ("good", "bad"):
+        start(router, rid)
+    for _ in range(12):
+        router.work(Stage.step)
+    return router, link
+
+
+def test_a_request_that_fails_mid_stream_is_reported_and_the_other_finishes() -> None:
+    router, link = misbehaving(Misbehaving(fail_at=("bad", 2)))
+    errors = [e for e in link.events if e[0] == "error"]
+    assert len(errors) == 1 and errors[0][:2] == ("error", "a")
+    assert errors[0][2].startswith("ExecutorError: bad failed at step 2")
+    assert ("done", "a", "good") in link.events
+    assert ("done", "a", "bad") not in link.events
+    b = router.stages["b"].executor
+    assert isinstance(b, Counting)
+    assert [i["n"] for rid, i in b.items if rid == "bad"] == [1]
+    assert [i["n"] for rid, i in b.items if rid == "good"] == [1, 2, 3, 4]
+
+
+def test_a_stalled_request_holds_up_no_other_and_is_not_held_for_credit() -> None:
+    router, link = misbehaving(Misbehaving(stall=("bad",)))
+    assert ("done", "a", "good") in link.events
+    b = router.stages["b"].executor
+    assert isinstance(b, Counting)
+    assert not [rid for rid, _ in b.items if rid == "bad"]
+    assert router.stages["a"].holds("bad") and router.stages["a"].held == set()
+    router.abort("bad")  # it made nothing, so it holds no credit: acknowledged at once
+    assert {e for e in link.events if e[0] == "abort_ack"} == {
+        ("abort_ack", "a", "bad"),
+        ("abort_ack", "b", "bad"),
+    }
+
+
+def test_a_receiver_that_never_acknowledges_keeps_the_abort_waiting() -> None:
+    router, link, _ = setup(client_slots=2)
+    start(router, "r")
+    for _ in range(4):
+        router.work(Stage.step)
+    router.abort("r")
+    for _ in range(50):  # the client never acks: nothing the router does makes one up
+        router.work(Stage.step)
+    assert ("abort_ack", "b", "r") not in link.events
+    assert router.abort_waits == {("b", "r")}
