@@ -1,9 +1,6 @@
 """The OpenAI Realtime client events a `Session` takes: `handle` (a parsed event), `handle_text`
-(a transport's raw message), and one method per event type, mixed into `Session`.
-
-They run on the session's own state (its settings, input buffer, conversation, playout and
-active response), as the rest of `session.py` does; this module holds them apart only so
-each file reads as one concept: the session's life there, the protocol's events here.
+(a transport's raw message), and one method per event type. They act on their session: its
+settings, input buffer, conversation, playout and responses.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from realtime_omni.gateway.protocol.conversation import new_id
 from realtime_omni.gateway.protocol.events import (
@@ -23,8 +20,10 @@ from realtime_omni.gateway.protocol.events import (
     parse_item,
 )
 from realtime_omni.gateway.protocol.settings import apply_session_update
-from realtime_omni.gateway.turns.echo import EchoCanceller
 from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
 # What `response.create`'s `response` may set for that response alone.
@@ -43,7 +42,10 @@ BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
 
 
 class ClientEvents:
-    """The client-event half of `Session` (a mixin: it has no state of its own)."""
+    """A session's client events; no state of its own."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
 
     async def handle(self, event: Any) -> None:
         """Apply one client event. Raises `ProtocolError` for one it refuses."""
@@ -77,7 +79,7 @@ class ClientEvents:
         except ProtocolError as e:
             return _error(e, client_id)
         except Exception:  # a bug must cost the client an error event, not the connection
-            log.exception("session %s: event %r failed", self.id, event.get("type"))
+            log.exception("session %s: event %r failed", self.s.id, event.get("type"))
             return error_event(  # Python's own words stay in the log, not with the client
                 "the server failed to handle this event; it logged why", "server_error", None,
                 client_id, "server_error",
@@ -87,30 +89,16 @@ class ClientEvents:
     async def _session_update(self, ev: dict[str, Any]) -> None:
         """What parses is applied; each field refused is one `error` naming it, before the
         `session.updated` that shows what the session now is."""
-        for e in self.configure(ev.get("session")):
-            self._emit("error", error=_error(e, ev.get("event_id"))["error"])
-        self._emit("session.updated", session=self.settings.to_openai(self.id))
-
-    def configure(self, session: Any) -> list[ProtocolError]:
-        """Apply a session object (a client secret's, a call's, a `session.update`'s) without a
-        word to the client; the fields refused."""
-        s, refused = apply_session_update(
-            self.settings, session, self.voices, EchoCanceller.available()
-        )
-        changed = s.turn_detection != self.settings.turn_detection
-        self.settings = s
-        if changed:
-            self.turns.configure(s.turn_detection)
-            self._clear_input()
-        self._set_echo_cancellation()
-        return refused
+        for e in self.s.configure(ev.get("session")):
+            self.s._emit("error", error=_error(e, ev.get("event_id"))["error"])
+        self.s._emit("session.updated", session=self.s.settings.to_openai(self.s.id))
 
     async def _append(self, ev: dict[str, Any]) -> None:
         audio = ev.get("audio")
-        fmt = self.settings.input_format
+        fmt = self.s.settings.input_format
         if isinstance(audio, str):  # its length, judged before any decoding
             seconds = len(audio) * 3 // 4 / (2 if fmt.name == "pcm16" else 1) / fmt.rate_hz
-            credit = self.input_credit
+            credit = self.s.input_credit
             if not credit.take(seconds, time.monotonic()):
                 raise ProtocolError(
                     f"audio is coming faster than {credit.speed:g}x real time (after a first "
@@ -130,44 +118,44 @@ class ClientEvents:
         for i in range(0, len(pcm), step):
             if i:
                 await asyncio.sleep(0)
-            self.push_audio(pcm[i : i + step], fmt.rate_hz)
+            self.s.push_audio(pcm[i : i + step], fmt.rate_hz)
 
     async def _commit(self, ev: dict[str, Any]) -> None:
-        pcm = self.input.slice(self.input.start, self.input.end)
+        pcm = self.s.input.slice(self.s.input.start, self.s.input.end)
         if len(pcm) * 1000 < MIN_COMMIT_MS * SAMPLE_RATE_HZ:
             raise ProtocolError(
                 f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, "
                 f"got {len(pcm) * 1000 / SAMPLE_RATE_HZ:.0f} ms",
                 code="input_audio_buffer_commit_empty",
             )
-        item_id = self.turns.turn_item_id or new_id("item")
-        self._clear_input()
-        self._commit_audio(pcm, item_id)
+        item_id = self.s.turns.turn_item_id or new_id("item")
+        self.s._clear_input()
+        self.s._commit_audio(pcm, item_id)
 
     async def _clear(self, ev: dict[str, Any]) -> None:
-        self._clear_input()
-        self._emit("input_audio_buffer.cleared")
+        self.s._clear_input()
+        self.s._emit("input_audio_buffer.cleared")
 
     async def _output_clear(self, ev: dict[str, Any]) -> None:
-        self._flush()
-        rid = self.active_response or self._last_response
+        self.s._flush()
+        rid = self.s.active_response or self.s.responses.last_id
         if rid is not None:  # nothing was ever played: no buffer to have cleared
-            self._emit("output_audio_buffer.cleared", response_id=rid)
+            self.s._emit("output_audio_buffer.cleared", response_id=rid)
 
     async def _item_create(self, ev: dict[str, Any]) -> None:
         # Off the event loop: base64, audio conversion and image decoding of a large item (a
         # 6000x6000 PNG took 0.34 s) must not stall every other call's audio.
-        item = await asyncio.to_thread(parse_item, ev.get("item"), self.settings.input_format)
+        item = await asyncio.to_thread(parse_item, ev.get("item"), self.s.settings.input_format)
         prev = ev.get("previous_item_id")
         try:
-            prev = self._add(item, prev)
+            prev = self.s._add(item, prev)
         except KeyError:
             raise ProtocolError(
                 f"previous_item_id {prev!r} is not in the conversation",
                 code="item_not_found",
                 param="previous_item_id",
             ) from None
-        self._emit_item_added(item, prev)
+        self.s._emit_item_added(item, prev)
 
     async def _item_truncate(self, ev: dict[str, Any]) -> None:
         item_id, ms = ev.get("item_id"), ev.get("audio_end_ms")
@@ -176,39 +164,41 @@ class ClientEvents:
         if ev.get("content_index", 0) != 0:
             raise ProtocolError("content_index must be 0", param="content_index")
         try:
-            item = self.conversation.get(item_id)  # type: ignore[arg-type]
+            item = self.s.conversation.get(item_id)  # type: ignore[arg-type]
         except KeyError:
             raise ProtocolError(
                 f"item {item_id!r} not found", code="item_not_found", param="item_id"
             ) from None
         if item.role != "assistant":
             raise ProtocolError("only assistant items can be truncated", param="item_id")
-        if self._response is not None and self._response.item is item:
-            if self.turns.truncated():  # the speech over it goes on as the next turn
-                self.playout.paused = False  # the next answer plays
-            await self.cancel_response("client_cancelled")
-        self._flush(item.id)
+        if self.s.responses.active is not None and self.s.responses.active.item is item:
+            if self.s.turns.truncated():  # the speech over it goes on as the next turn
+                self.s.playout.paused = False  # the next answer plays
+            await self.s.cancel_response("client_cancelled")
+        self.s._flush(item.id)
         if item.audio_ms < ms <= item.audio_ms + TRUNCATE_SLACK_MS:
             ms = int(item.audio_ms)  # a client's playback position, rounded up or a frame late
         try:
             item.truncate(ms)
         except ValueError as e:
             raise ProtocolError(str(e), param="audio_end_ms") from None
-        self._emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=ms)
+        self.s._emit(
+            "conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=ms
+        )
 
     async def _item_delete(self, ev: dict[str, Any]) -> None:
         try:
-            self.conversation.delete(ev.get("item_id"))  # type: ignore[arg-type]
+            self.s.conversation.delete(ev.get("item_id"))  # type: ignore[arg-type]
         except KeyError:
             raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
-        self._deleted(ev["item_id"])
+        self.s._deleted(ev["item_id"])
 
     async def _item_retrieve(self, ev: dict[str, Any]) -> None:
         try:
-            item = self.conversation.get(ev.get("item_id"))  # type: ignore[arg-type]
+            item = self.s.conversation.get(ev.get("item_id"))  # type: ignore[arg-type]
         except KeyError:
             raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
-        self._emit("conversation.item.retrieved", item=item.to_openai())
+        self.s._emit("conversation.item.retrieved", item=item.to_openai())
 
     async def _response_create(self, ev: dict[str, Any]) -> None:
         spec = ev.get("response") or {}
@@ -218,22 +208,22 @@ class ClientEvents:
         if spec:
             # A response's own settings: refused whole if a field is, so that no response
             # starts other than asked.
-            s, refused = apply_session_update(self.settings, spec, self.voices)
+            s, refused = apply_session_update(self.s.settings, spec, self.s.voices)
             if refused:
                 raise refused[0]
             for key in RESPONSE_FIELDS:
-                if getattr(s, key) != getattr(self.settings, key):
+                if getattr(s, key) != getattr(self.s.settings, key):
                     over[key] = getattr(s, key)
-        self._start_response(over, time.monotonic())
+        self.s.responses.start(over, time.monotonic())
 
     async def _response_cancel(self, ev: dict[str, Any]) -> None:
         rid = ev.get("response_id")
-        active = self._response
+        active = self.s.responses.active
         if active is None or active.ending or (rid is not None and rid != active.id):
             raise ProtocolError(
                 "Cancellation failed: no active response found", code="response_cancel_not_active"
             )
-        await self.cancel_response("client_cancelled")
+        await self.s.cancel_response("client_cancelled")
 
 
 def _error(e: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:

@@ -35,9 +35,15 @@ A response holds its request's output stream unread while the playout queue is `
 ahead; the runtime's credits then hold back the stages upstream.
 
 `handle` raises `ProtocolError` for an event it refuses; the transport turns it into an `error`
-event (the client events live in `client_events.py`, mixed in). Speech over an answer first
-pauses it (`turns.py`); the echo gate (`echo.py`) keeps the bot's own voice from counting.
-Everything here runs in one asyncio loop; no method is thread-safe.
+event. Everything here runs in one asyncio loop; no method is thread-safe.
+
+Inside, `Session` is the driver: it owns the tasks, the clock, the pipeline, the playout and the
+event channel, and carries out what its parts decide. Every turn decision (speech start and
+stop, the end-of-turn model, the echo gate, speech over the answer, the idle timeout) is made by
+`turns/taking.py`'s `TurnTaker`, which this driver feeds with window probabilities and times.
+The client events are `client_events.ClientEvents`, the responses' lifecycle
+`responses.Responses`, the input transcriptions `transcribe.Transcriptions`; each holds its
+session and owns only its own state.
 """
 
 from __future__ import annotations
@@ -59,9 +65,9 @@ from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.media.playout import Playout, Read
 from realtime_omni.gateway.protocol.conversation import MAX_BYTES, Conversation, Item, Part, new_id
 from realtime_omni.gateway.protocol.events import ProtocolError
-from realtime_omni.gateway.protocol.settings import Settings, Voices
+from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_session_update
 from realtime_omni.gateway.session.client_events import ClientEvents, _error
-from realtime_omni.gateway.session.responses import Responses, _Response
+from realtime_omni.gateway.session.responses import Responses
 from realtime_omni.gateway.session.transcribe import Transcriptions
 from realtime_omni.gateway.turns.echo import EchoCanceller
 from realtime_omni.gateway.turns.end_of_turn import Ask
@@ -107,7 +113,7 @@ class Pipeline(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
 
-class Session(ClientEvents, Responses, Transcriptions):
+class Session:
     def __init__(
         self,
         coord: Pipeline,
@@ -176,16 +182,15 @@ class Session(ClientEvents, Responses, Transcriptions):
         self._vad_samples = 0  # input samples the VAD has judged
         self.input = InputBuffer()
         self.input_credit = AudioCredit()  # what `input_audio_buffer.append` may still send
-        self._response: _Response | None = None
-        self._last_response: str | None = None  # the id of the last response to finish
-        self._item_response: dict[str, str] = {}  # item_id -> response id, while active
+        self.responses = Responses(self)
+        self.transcriptions = Transcriptions(self)
+        self.client = ClientEvents(self)
+        # Set on every read of the playout and every flush: a response waiting for room under
+        # its lead limit, or for its audio to be heard, looks again.
+        self.audio_read = asyncio.Event()
         self._barge_at: float | None = None  # when a barge-in flushed the queue
         self._video: np.ndarray | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._transcribe_lock = asyncio.Lock()  # one input transcription at a time
-        # item_id -> its transcription, queued or running: one per user audio item still in
-        # the conversation (deleting the item cancels it), so their audio is the items' own.
-        self._transcriptions: dict[str, asyncio.Task[None]] = {}
         self._idle: asyncio.TimerHandle | None = None  # `turns.idle_deadline`'s timer
         self._closed = False
 
@@ -248,7 +253,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         return self.playout.rate_hz
 
     def response_of(self, item_id: str) -> str | None:
-        return self._item_response.get(item_id)
+        return self.responses.item_response.get(item_id)
 
     @property
     def input_speaking(self) -> bool:
@@ -257,7 +262,35 @@ class Session(ClientEvents, Responses, Transcriptions):
 
     @property
     def active_response(self) -> str | None:
-        return self._response.id if self._response else None
+        return self.responses.active.id if self.responses.active else None
+
+    async def handle(self, event: Any) -> None:
+        """Apply one client event. Raises `ProtocolError` for one it refuses."""
+        await self.client.handle(event)
+
+    async def handle_text(self, raw: str, max_bytes: int) -> dict[str, Any] | None:
+        """`handle` one client message as a transport receives it (JSON text); the `error`
+        event to send back when it is too big, not JSON, refused or failed, else None."""
+        return await self.client.handle_text(raw, max_bytes)
+
+    def configure(self, session: Any) -> list[ProtocolError]:
+        """Apply a session object (a client secret's, a call's, a `session.update`'s) without a
+        word to the client; the fields refused."""
+        s, refused = apply_session_update(
+            self.settings, session, self.voices, EchoCanceller.available()
+        )
+        changed = s.turn_detection != self.settings.turn_detection
+        self.settings = s
+        if changed:
+            self.turns.configure(s.turn_detection)
+            self._clear_input()
+        self._set_echo_cancellation()
+        return refused
+
+    async def cancel_response(self, reason: str) -> bool:
+        """Stop the active response: flush its audio, abort its request in every stage
+        (awaited), keep what was played. False when there was none."""
+        return await self.responses.cancel(reason)
 
     # ---- events ------------------------------------------------------------------------
 
@@ -325,7 +358,7 @@ class Session(ClientEvents, Responses, Transcriptions):
                 await self._vad_wake.wait()
             elif not await wait_set(self._vad_wake, self.turns.resume_after_s):
                 # Paused over speech, and the client sends no more audio.
-                self._carry_out(self.turns.quiet(self._response is not None))
+                self._carry_out(self.turns.quiet(self.responses.active is not None))
                 continue
             self._vad_wake.clear()
             chunks, self._vad_pending = self._vad_pending, []
@@ -361,7 +394,7 @@ class Session(ClientEvents, Responses, Transcriptions):
     ) -> None:
         """One VAD window's speech probability (its audio, its arrival time and what the gate's
         echo canceller leaves of it, where there are): what the turn-taker decides is done."""
-        responding = self._response is not None
+        responding = self.responses.active is not None
         self._carry_out(self.turns.window(prob, responding, window, t, clean))
 
     def _carry_out(self, actions: list[Action]) -> None:
@@ -396,7 +429,7 @@ class Session(ClientEvents, Responses, Transcriptions):
                 self.playout.paused = False
                 self.audio_written.set()  # a sender waiting for audio: there is some again
             elif isinstance(a, BargeIn):
-                self._barge_in()
+                self.responses.barge_in()
             elif isinstance(a, Discard):
                 self._emit(
                     "input_audio_buffer.speech_stopped",
@@ -442,7 +475,7 @@ class Session(ClientEvents, Responses, Transcriptions):
     def _on_idle(self, deadline: float) -> None:
         self._idle = None
         if not self._closed:
-            self._carry_out(self.turns.idle(deadline, self._response is not None))
+            self._carry_out(self.turns.idle(deadline, self.responses.active is not None))
 
     def _idle_timeout(self) -> None:
         start, end = self.input.start, self.input.end
@@ -458,7 +491,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         if len(pcm):  # what the microphone heard meanwhile (silence, or what VAD ignored)
             self._commit_audio(pcm, item_id)
         with contextlib.suppress(ProtocolError):  # the conversation too large: no answer
-            self._start_response({}, time.monotonic())
+            self.responses.start({}, time.monotonic())
 
     def _end_turn(self, turn: TurnEnd) -> None:
         """A turn ended: its audio becomes a user item and, if asked, gets an answer."""
@@ -472,9 +505,9 @@ class Session(ClientEvents, Responses, Transcriptions):
         pcm = self.input.slice(start, end)
         self.input.trim(end)
         self._commit_audio(pcm, turn.item_id)
-        if turn.respond and self._response is None:
+        if turn.respond and self.responses.active is None:
             try:
-                self._start_response({}, time.monotonic())
+                self.responses.start({}, time.monotonic())
             except ProtocolError as e:  # no client event to answer: tell it all the same
                 self._events.put_nowait(_error(e))
 
@@ -492,8 +525,8 @@ class Session(ClientEvents, Responses, Transcriptions):
     def _deleted(self, item_id: str) -> None:
         """An item left the conversation: nothing of the session works on it any longer (its
         transcription is cancelled, releasing its audio), and the client is told."""
-        self._item_response.pop(item_id, None)
-        self._cancel_transcription(item_id)
+        self.responses.item_response.pop(item_id, None)
+        self.transcriptions.cancel(item_id)
         self._emit("conversation.item.deleted", item_id=item_id)
 
     def _commit_audio(self, pcm: np.ndarray, item_id: str) -> None:
@@ -501,7 +534,7 @@ class Session(ClientEvents, Responses, Transcriptions):
         prev = self._add(item)
         self._emit("input_audio_buffer.committed", previous_item_id=prev, item_id=item_id)
         self._emit_item_added(item, prev)
-        self._transcribe_later(item)
+        self.transcriptions.later(item)
 
     def _emit_item_added(self, item: Item, prev: str | None) -> None:
         self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
@@ -512,6 +545,7 @@ class Session(ClientEvents, Responses, Transcriptions):
     def read_output(self, n: int, pad: bool = True) -> Read:
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
+        self.audio_read.set()
         if (len(r.pcm) or self._far_resampler is not None) and (
             self.turns.gating or self._aec is not None
         ):
@@ -520,11 +554,12 @@ class Session(ClientEvents, Responses, Transcriptions):
         if self._barge_at is not None:
             self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
             self._barge_at = None
-        resp = self._response
+        resp = self.responses.active
         for cs in r.chunk_starts:
             first = resp is not None and cs.item_id == resp.item.id and resp.first_audio is None
             if first and resp is not None:
                 resp.first_audio = now
+                resp.audible.set()
                 self._metric("first_audio_ms", (now - resp.turn_end) * 1e3)
             if first or cs.queue_was_empty:
                 self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)
@@ -560,6 +595,7 @@ class Session(ClientEvents, Responses, Transcriptions):
     def _flush(self, item_id: str | None = None) -> None:
         """Drop what is queued (of one item, or all) and tell the transport."""
         self.playout.clear(item_id)
+        self.audio_read.set()
         if self.on_flush is not None:
             self.on_flush()
 

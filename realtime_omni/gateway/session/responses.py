@@ -1,7 +1,9 @@
 """A session's responses: start one for a turn, stream its request's outputs into the playout
-and the events, finish it, cancel it (a barge-in, `response.cancel`, a hang-up). Mixed into
-`Session`, as `client_events.py` is: the state is the session's; this module holds the
-response lifecycle apart so each file reads as one concept.
+and the events, finish it, cancel it (a barge-in, `response.cancel`, a hang-up).
+
+`Responses` owns the active response (at most one), the id of the last one to finish and which
+item belongs to which active response; it plays into its session's playout and announces on its
+session's event channel. Everything runs in the session's event loop.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +25,9 @@ from realtime_omni.gateway.protocol.events import ProtocolError
 from realtime_omni.gateway.protocol.settings import Tool
 from realtime_omni.gateway.protocol.tool_calls import Call, ToolCallStream
 from realtime_omni.logs import REQUEST, SESSION
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,8 @@ class _Response:
     first_audio: float | None = None
     ending: bool = False  # finishing or cancelling: nothing may start either again
     muted: bool = False  # barged in or cancelled: audio still arriving is dropped, not queued
+    # Set once its first audio was read out, or it ends without: what waits to go after it.
+    audible: asyncio.Event = field(default_factory=asyncio.Event)
     overrides: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None  # the thinker's limit for this response
     text_only: bool = False  # output_modalities ["text"]: no talker, no audio
@@ -70,18 +77,25 @@ class _Response:
 
 
 class Responses:
-    """The response half of `Session` (a mixin: it has no state of its own)."""
+    """One session's responses. `start` one (none may be active), `cancel` it, `barge_in`;
+    `active` is the one running, from `response.created` until `response.done`."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.active: _Response | None = None
+        self.last_id: str | None = None  # the id of the last response to finish
+        self.item_response: dict[str, str] = {}  # item_id -> response id, while active
 
     def _truncate(self, truncation: str | float) -> None:
         """Make the conversation fit one turn's payload by its stated rule, telling the client
         of every item it deletes; with truncation disabled, refuse the response instead."""
-        if self.max_payload_bytes is None:
+        if self.s.max_payload_bytes is None:
             return
-        room = self.max_payload_bytes - (self._video.nbytes if self._video is not None else 0)
+        room = self.s.max_payload_bytes - (self.s._video.nbytes if self.s._video is not None else 0)
         if truncation == "disabled":
-            if self.conversation.array_bytes() > room:
+            if self.s.conversation.array_bytes() > room:
                 raise ProtocolError(
-                    f"the conversation's audio and images ({self.conversation.array_bytes()} "
+                    f"the conversation's audio and images ({self.s.conversation.array_bytes()} "
                     f"bytes) exceed what one turn carries ({room} bytes) and truncation is "
                     "disabled. Fix: delete old items, or set truncation to 'auto'",
                     code="context_length_exceeded",
@@ -89,31 +103,31 @@ class Responses:
                 )
             return
         ratio = 1.0 if truncation == "auto" else float(truncation)
-        self.conversation.fit(room, ratio)
-        self._announce_dropped()
+        self.s.conversation.fit(room, ratio)
+        self.s._announce_dropped()
 
-    def _start_response(self, overrides: dict[str, Any], turn_end: float) -> _Response:
-        if self._response is not None:
+    def start(self, overrides: dict[str, Any], turn_end: float) -> _Response:
+        if self.active is not None:
             raise ProtocolError(
-                f"the conversation already has an active response ({self._response.id})",
+                f"the conversation already has an active response ({self.active.id})",
                 code="conversation_already_has_active_response",
             )
-        s = self.settings
+        s = self.s.settings
         self._truncate(s.truncation)
-        want = self._fixed_rate or s.output_format.rate_hz
-        if want != self.playout.rate_hz and self.playout.queued == 0:
-            self.playout = Playout(want)
+        want = self.s._fixed_rate or s.output_format.rate_hz
+        if want != self.s.playout.rate_hz and self.s.playout.queued == 0:
+            self.s.playout = Playout(want)
         text_only = overrides.get("output_modalities", s.output_modalities) == ("text",)
-        payload = self.conversation.payload(
+        payload = self.s.conversation.payload(
             overrides.get("instructions", s.instructions),
-            self.max_payload_bytes,
-            self._video,
+            self.s.max_payload_bytes,
+            self.s._video,
             temperature=overrides.get("temperature", s.temperature),
             max_tokens=overrides.get("max_output_tokens", s.max_output_tokens),
-            speaker=self.voices.speaker(voice)
+            speaker=self.s.voices.speaker(voice)
             if (voice := overrides.get("voice", s.voice))
             else None,
-            session_id=self.id,  # the stages may keep this conversation's state between turns
+            session_id=self.s.id,  # the stages may keep this conversation's state between turns
             text_only=True if text_only else None,
             **_tools_payload(
                 overrides.get("tools", s.tools), overrides.get("tool_choice", s.tool_choice)
@@ -124,16 +138,16 @@ class Responses:
         resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
         resp.max_tokens = payload.get("max_tokens")
         resp.text_only = text_only
-        self._response = resp
-        self._item_response[item.id] = resp.id
-        self._emit("response.created", response=self._response_obj(resp, "in_progress"))
-        self._emit("rate_limits.updated", rate_limits=[])  # as OpenAI at a response's start; none
-        prev = self._add(item)
-        self._emit(
+        self.active = resp
+        self.item_response[item.id] = resp.id
+        self.s._emit("response.created", response=self._response_obj(resp, "in_progress"))
+        self.s._emit("rate_limits.updated", rate_limits=[])  # as OpenAI at a response's start; none
+        prev = self.s._add(item)
+        self.s._emit(
             "response.output_item.added", response_id=resp.id, output_index=0, item=item.to_openai()
         )
-        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
-        self._emit(
+        self.s._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
+        self.s._emit(
             "response.content_part.added",
             response_id=resp.id,
             item_id=item.id,
@@ -142,7 +156,7 @@ class Responses:
             part={"type": "text", "text": ""} if text_only else {"type": "audio", "transcript": ""},
         )
         resp.task = asyncio.create_task(self._run(resp))
-        self._disarm_idle()
+        self.s._disarm_idle()
         return resp
 
     def _response_obj(self, resp: _Response, status: str, details: Any = None) -> dict[str, Any]:
@@ -158,10 +172,10 @@ class Responses:
         }
 
     async def _run(self, resp: _Response) -> None:
-        SESSION.set(self.id)
+        SESSION.set(self.s.id)
         REQUEST.set(resp.id)  # the pipeline request id: log lines of the response carry it
         try:
-            stream = await self.coord.submit(resp.payload, resp.id)
+            stream = await self.s.coord.submit(resp.payload, resp.id)
             resp.payload = {}  # the arrays are in the pipeline now
             try:
                 it = stream.__aiter__()
@@ -178,24 +192,25 @@ class Responses:
                 stream.close()
             if resp.resampler is not None:
                 self._write_audio(resp, resp.resampler.flush(), None)
-            while self.playout.queued_of(resp.item.id) > 0:  # done once it has been heard
-                await asyncio.sleep(0.01)
+            while self.s.playout.queued_of(resp.item.id) > 0:  # done once it has been heard
+                self.s.audio_read.clear()
+                await self.s.audio_read.wait()
         except (PlayoutFull, ProtocolError):  # the gateway's own limits broken: a bug
             log.exception("response %s failed", resp.id)
-            self._flush(resp.item.id)
+            self.s._flush(resp.item.id)
             error = {"type": "server_error", "message": "the server failed; it logged why"}
             self._finish(resp, "failed", {"type": "failed", "error": error})
             return
         except OmniError as e:
             log.warning("response %s failed: %s", resp.id, e)
-            self._flush(resp.item.id)
+            self.s._flush(resp.item.id)
             # A stage's own words (a full KV cache, a dead stage): the client is told the cause.
             error = {"type": "server_error", "message": str(e)}
             self._finish(resp, "failed", {"type": "failed", "error": error})
             return
         except Exception:  # a bug: the response fails, and the session takes the next one
             log.exception("response %s failed", resp.id)
-            self._flush(resp.item.id)
+            self.s._flush(resp.item.id)
             # Python's own words stay in the log, not with the client.
             error = {"type": "server_error", "message": "the server failed; it logged why"}
             self._finish(resp, "failed", {"type": "failed", "error": error})
@@ -207,8 +222,9 @@ class Responses:
 
     async def _hold_lead(self) -> None:
         """Wait while the playout queue is `max_lead_ms` ahead of what has been played."""
-        while (over := self.playout.queued_ms - self.max_lead_ms) > 0:
-            await asyncio.sleep(min(0.1, max(0.005, over / 1000)))
+        while self.s.playout.queued_ms > self.s.max_lead_ms:
+            self.s.audio_read.clear()
+            await self.s.audio_read.wait()
 
     def _on_output(self, resp: _Response, data: dict[str, Any]) -> None:
         token_time = data.get("token_time")
@@ -220,7 +236,7 @@ class Responses:
         if "pcm" in data:
             if resp.resampler is None:
                 src = int(data.get("sample_rate_hz", MODEL_RATE_HZ))
-                resp.resampler = Resampler(src, self.playout.rate_hz)
+                resp.resampler = Resampler(src, self.s.playout.rate_hz)
             pcm = np.asarray(data["pcm"], np.float32).reshape(-1)
             self._write_audio(resp, resp.resampler.process(pcm), token_time)
         text = data.get("text") or ""
@@ -235,7 +251,7 @@ class Responses:
             return
         resp.item.add_text(token_time if token_time is not None else time.monotonic(), piece)
         kind = "output_text" if resp.text_only else "output_audio_transcript"
-        self._emit(
+        self.s._emit(
             f"response.{kind}.delta",
             response_id=resp.id,
             item_id=resp.item.id,
@@ -252,91 +268,93 @@ class Responses:
         index = 1 + len(resp.calls)
         resp.calls.append(item)
         ids = {"response_id": resp.id, "output_index": index}
-        prev = self._add(item, resp.calls[-2].id if len(resp.calls) > 1 else resp.item.id)
-        self._emit("response.output_item.added", **ids, item=item.to_openai())
-        self._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
+        prev = self.s._add(item, resp.calls[-2].id if len(resp.calls) > 1 else resp.item.id)
+        self.s._emit("response.output_item.added", **ids, item=item.to_openai())
+        self.s._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
         item.arguments, item.status = call.arguments, "completed"
         args = {**ids, "item_id": item.id, "call_id": item.call_id}
-        self._emit("response.function_call_arguments.delta", **args, delta=call.arguments)
-        self._emit(
+        self.s._emit("response.function_call_arguments.delta", **args, delta=call.arguments)
+        self.s._emit(
             "response.function_call_arguments.done",
             **args,
             name=item.name,
             arguments=item.arguments,
         )
-        self._emit("response.output_item.done", **ids, item=item.to_openai())
-        self._emit("conversation.item.done", item=item.to_openai())
+        self.s._emit("response.output_item.done", **ids, item=item.to_openai())
+        self.s._emit("conversation.item.done", item=item.to_openai())
 
     def _write_audio(self, resp: _Response, pcm: np.ndarray, token_time: float | None) -> None:
         if not len(pcm) or resp.muted:
             return
-        self.playout.write(resp.item.id, pcm, token_time)
-        self.audio_written.set()
-        resp.item.add_audio(len(pcm) * 1000 / self.playout.rate_hz, token_time)
+        self.s.playout.write(resp.item.id, pcm, token_time)
+        self.s.audio_written.set()
+        resp.item.add_audio(len(pcm) * 1000 / self.s.playout.rate_hz, token_time)
 
     def _finish(self, resp: _Response, status: str, details: Any) -> None:
-        if self._response is not resp:
+        if self.active is not resp:
             return
-        self._response = None
+        self.active = None
+        resp.audible.set()
         # Speech that began over the answer is still judged when the answer ends: a blip (the
         # answer's own echo, a cough) is dropped, not taken for a turn; a paused tail stays
         # paused until then (the policy resumes or flushes it).
         item = resp.item
-        self._item_response.pop(item.id, None)
+        self.item_response.pop(item.id, None)
         item.status = "completed" if status == "completed" else "incomplete"
         for piece in resp.tool_text.flush():  # text held back for a tag, a call left open
             self._on_piece(resp, piece, None)
         ids = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
         if resp.text_only:
-            self._emit("response.output_text.done", **ids, text=item.transcript)
+            self.s._emit("response.output_text.done", **ids, text=item.transcript)
             part = {"type": "text", "text": item.transcript}
         else:
-            self._emit("response.output_audio.done", **ids)
-            self._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
+            self.s._emit("response.output_audio.done", **ids)
+            self.s._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
             part = {"type": "audio", "transcript": item.transcript}
-        self._emit("response.content_part.done", **ids, part=part)
-        self._emit(
+        self.s._emit("response.content_part.done", **ids, part=part)
+        self.s._emit(
             "response.output_item.done", response_id=resp.id, output_index=0, item=item.to_openai()
         )
-        self._emit("conversation.item.done", item=item.to_openai())
-        self._emit("response.done", response=self._response_obj(resp, status, details))
-        self._last_response = resp.id
-        self._arm_idle()
+        self.s._emit("conversation.item.done", item=item.to_openai())
+        self.s._emit("response.done", response=self._response_obj(resp, status, details))
+        self.last_id = resp.id
+        self.s._arm_idle()
 
-    def _barge_in(self) -> None:
+    def barge_in(self) -> None:
         """An interruption: silence from the next read, then cancel in the background."""
-        if self._response is not None:
-            self._response.muted = True  # outputs arriving before the cancel runs stay unheard
-        if not self.playout.paused:  # else the pause already silenced it, and was timed
-            self._barge_at = time.monotonic()
-        self.playout.paused = False
-        self._flush()
-        rid = self._response.id if self._response is not None else self._last_response
+        if self.active is not None:
+            self.active.muted = True  # outputs arriving before the cancel runs stay unheard
+        if not self.s.playout.paused:  # else the pause already silenced it, and was timed
+            self.s._barge_at = time.monotonic()
+        self.s.playout.paused = False
+        self.s._flush()
+        rid = self.active.id if self.active is not None else self.last_id
         if rid is not None:
-            self._emit("output_audio_buffer.cleared", response_id=rid)
-        self._track(self.cancel_response("turn_detected"))
+            self.s._emit("output_audio_buffer.cleared", response_id=rid)
+        self.s._track(self.cancel("turn_detected"))
 
-    async def cancel_response(self, reason: str) -> bool:
+    async def cancel(self, reason: str) -> bool:
         """Stop the active response: flush its audio, abort its request in every stage (awaited),
         keep what was played. False when there was none."""
-        resp = self._response
+        resp = self.active
         if resp is None or resp.ending:
             return resp is not None
         resp.ending = resp.muted = True
-        self._flush(resp.item.id)
+        resp.audible.set()
+        self.s._flush(resp.item.id)
         if resp.task is not None:
             resp.task.cancel()
             await asyncio.gather(resp.task, return_exceptions=True)
         t0 = time.monotonic()
         try:
-            await self.coord.abort(resp.id)
+            await self.s.coord.abort(resp.id)
         finally:
-            self._metric("abort_ms", (time.monotonic() - t0) * 1e3)
-            played_ms = self.playout.played_ms(resp.item.id)
-            if self.heard_ms is not None:
-                played_ms = min(played_ms, self.heard_ms(resp.item.id))
+            self.s._metric("abort_ms", (time.monotonic() - t0) * 1e3)
+            played_ms = self.s.playout.played_ms(resp.item.id)
+            if self.s.heard_ms is not None:
+                played_ms = min(played_ms, self.s.heard_ms(resp.item.id))
             resp.item.truncate(min(played_ms, resp.item.audio_ms))
-            self.playout.forget(resp.item.id)
+            self.s.playout.forget(resp.item.id)
             self._finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
         return True
 

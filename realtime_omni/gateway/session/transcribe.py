@@ -12,18 +12,20 @@ A transcription lives only as long as its item: an item deleted or dropped by th
 bounds cancels its transcription, queued or running (aborted in the stages), so the audio that
 queued transcriptions hold is always audio `max_session_bytes` counts in the conversation.
 The session's `transcription.language` and `prompt` are put to the thinker as hints; `model`
-is kept and shown, not used. Mixed into `Session` (as `responses.py`): the state is the
-session's.
+is kept and shown, not used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.protocol.conversation import Item, new_id
+
+if TYPE_CHECKING:
+    from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
 INSTRUCTION = (
@@ -34,34 +36,43 @@ MAX_TOKENS = 256
 
 
 class Transcriptions:
-    """The transcription half of `Session` (a mixin: its lock and tasks are the session's)."""
+    """One session's input transcriptions: `later(item)` when a user audio item is committed,
+    `cancel(item_id)` when one leaves the conversation."""
 
-    def _transcribe_later(self, item: Item) -> None:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self._lock = asyncio.Lock()  # one input transcription at a time
+        # item_id -> its transcription, queued or running: one per user audio item still in
+        # the conversation (deleting the item cancels it), so their audio is the items' own.
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def later(self, item: Item) -> None:
         """Transcribe a committed user audio item, in the background, if the session asks."""
         if (
-            self.settings.transcription is not None
+            self.s.settings.transcription is not None
             and item.parts
             and item.parts[0].audio is not None
         ):
             item_id = item.id  # not the item: the callback outlives the task
-            t = self._transcriptions[item_id] = self._track(self._transcribe(item))
-            t.add_done_callback(lambda _: self._transcriptions.pop(item_id, None))
+            t = self._tasks[item_id] = self.s._track(self._transcribe(item))
+            t.add_done_callback(lambda _: self._tasks.pop(item_id, None))
 
-    def _cancel_transcription(self, item_id: str) -> None:
+    def cancel(self, item_id: str) -> None:
         """The item left the conversation: its transcription, if any, stops (no event: the
         client is told the item was deleted) and lets go of its audio."""
-        t = self._transcriptions.pop(item_id, None)
+        t = self._tasks.pop(item_id, None)
         if t is not None:
             t.cancel()
 
     async def _transcribe(self, item: Item) -> None:
-        async with self._transcribe_lock:  # one at a time per session, in turn order
-            while (r := self._response) is not None and r.first_audio is None and not r.ending:
-                await asyncio.sleep(0.02)  # the answer's first audio goes first
-            await self._run_transcription(item)
+        async with self._lock:  # one at a time per session, in turn order
+            # The answer's first audio goes first.
+            while (r := self.s.responses.active) is not None and not r.audible.is_set():
+                await r.audible.wait()
+            await self._run(item)
 
-    async def _run_transcription(self, item: Item) -> None:
-        tr = self.settings.transcription
+    async def _run(self, item: Item) -> None:
+        tr = self.s.settings.transcription
         hints = [INSTRUCTION]
         if tr is not None and tr.language:
             hints.append(f"The language is {tr.language}.")
@@ -82,7 +93,7 @@ class Transcriptions:
         usage = {"input_tokens": 0, "output_tokens": 0}
         done = False
         try:
-            stream = await self.coord.submit(payload, rid)
+            stream = await self.s.coord.submit(payload, rid)
             try:
                 async for out in stream:
                     data: dict[str, Any] = out.data
@@ -93,7 +104,7 @@ class Transcriptions:
                         )
                     if data.get("text"):
                         text.append(data["text"])
-                        self._emit(
+                        self.s._emit(
                             "conversation.item.input_audio_transcription.delta",
                             **ids, delta=data["text"],
                         )  # fmt: skip
@@ -108,15 +119,15 @@ class Transcriptions:
                 "code": "transcription_failed",
                 "message": str(e),
             }
-            self._emit("conversation.item.input_audio_transcription.failed", **ids, error=error)
+            self.s._emit("conversation.item.input_audio_transcription.failed", **ids, error=error)
             return
         finally:
             if not done:  # cancelled (the session closed): nothing may stay in the stages
-                await asyncio.shield(self.coord.abort(rid))
+                await asyncio.shield(self.s.coord.abort(rid))
         transcript = "".join(text).strip()
         item.parts[0].text = transcript
         total = usage["input_tokens"] + usage["output_tokens"]
-        self._emit(
+        self.s._emit(
             "conversation.item.input_audio_transcription.completed",
             **ids,
             transcript=transcript,
