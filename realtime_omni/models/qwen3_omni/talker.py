@@ -47,6 +47,7 @@ from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import BatchPicker, Sampler, checkpoint_defaults
 from realtime_omni.models.qwen3_omni.tensors import (
+    each,
     model_dtype,
     nonempty,
     setup_torch,
@@ -221,11 +222,12 @@ class TalkerExecutor(HoldsRequests):
                     r.tokens.appendleft(tok)
                 embeds, pos = self._prefill_inputs(r, tok)
                 shared = self._continue_session(r, embeds[0])
-                if not self.cache.reserve(r.row, embeds.shape[1]):  # type: ignore[arg-type]
+                assert r.row is not None  # `_continue_session` gave it one
+                if not self.cache.reserve(r.row, embeds.shape[1]):
                     self._refuse(rid)
                     continue
                 budget -= embeds.shape[1] - shared
-                window = self.cache.prefill(r.row, embeds.shape[1] - shared)  # type: ignore[arg-type]
+                window = self.cache.prefill(r.row, embeds.shape[1] - shared)
                 out = self._forward(embeds[:, shared:], pos[..., shared:], window)
                 r.next_pos = pos[..., -1:] + 1
                 picked.append((rid, out.logits[0, -1], tok.token_time))
@@ -234,7 +236,8 @@ class TalkerExecutor(HoldsRequests):
         decoding = [rid for rid in decoding if rid not in {p[0] for p in picked}]
         for rid in decoding:
             row = self.reqs[rid].row
-            if not self.cache.reserve(row, self.cache.lens[row] + 1):  # type: ignore[arg-type,index]
+            assert row is not None  # `decoding` holds prefilled requests only
+            if not self.cache.reserve(row, self.cache.lens[row] + 1):
                 self._refuse(rid)
         decoding = [rid for rid in decoding if rid in self.reqs]
         if decoding:
@@ -306,9 +309,9 @@ class TalkerExecutor(HoldsRequests):
         reqs = [self.reqs[rid] for rid in rids]
         toks = [r.tokens.popleft() if r.tokens else None for r in reqs]
         x = self._step_inputs(reqs, toks)
-        rows = [r.row for r in reqs]
-        pos = torch.cat([r.next_pos for r in reqs], dim=1)  # type: ignore[misc]
-        out = self._forward(x, pos, self.cache.decode(rows))  # type: ignore[arg-type]
+        rows = each([r.row for r in reqs])
+        pos = torch.cat(each([r.next_pos for r in reqs]), dim=1)
+        out = self._forward(x, pos, self.cache.decode(rows))
         last = out.hidden_states[0][-1]
         result = []
         for i, (rid, r, tok) in enumerate(zip(rids, reqs, toks, strict=True)):
@@ -348,7 +351,7 @@ class TalkerExecutor(HoldsRequests):
         """[n, 1, D]: each request's previous frame's 16 code embeddings summed, plus its text
         entry (the token's projected embedding, `tts_eos` for the last, `tts_pad` after it)."""
         m = self.model
-        frames = torch.stack([r.frame for r in reqs]).to(self.device)  # type: ignore[misc]
+        frames = torch.stack(each([r.frame for r in reqs])).to(self.device)
         f = frames.T[..., None]  # [16, n, 1]
         cp_embed = m.code_predictor.get_input_embeddings()
         parts = [m.get_input_embeddings()(f[0])]
@@ -357,7 +360,7 @@ class TalkerExecutor(HoldsRequests):
         text = [i for i, t in enumerate(toks) if t is not None and not t.last]
         extra = [self.tts_pad if t is None else self.tts_eos for t in toks]
         if text:
-            embeds = torch.stack([toks[i].embed for i in text])[:, None]  # type: ignore[union-attr]
+            embeds = torch.stack([t.embed for t in each([toks[i] for i in text])])[:, None]
             projected = m.text_projection(embeds)
             for j, i in enumerate(text):
                 extra[i] = projected[j : j + 1]

@@ -12,7 +12,7 @@ goes to the client.
 from __future__ import annotations
 
 import os
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 import torch
@@ -39,6 +39,16 @@ def to_torch(a: np.ndarray | torch.Tensor, device: str | torch.device = "cpu") -
     if isinstance(a, torch.Tensor):
         return a.to(device, copy=True)
     return cuda_ipc.from_numpy(np.array(a, copy=True), device)
+
+
+T = TypeVar("T")
+
+
+def each(items: list[T | None]) -> list[T]:
+    """`items`, every one of which is set (a request's decoding state, once it is prefilled)."""
+    out = [i for i in items if i is not None]
+    assert len(out) == len(items), "a request without its decoding state"
+    return out
 
 
 def nonempty(a: Any) -> TypeGuard[np.ndarray | torch.Tensor]:

@@ -64,7 +64,13 @@ from realtime_omni.models.qwen3_omni.sampling import (
     pick_batch,
     special_token_id,
 )
-from realtime_omni.models.qwen3_omni.tensors import model_dtype, nonempty, setup_torch, to_torch
+from realtime_omni.models.qwen3_omni.tensors import (
+    each,
+    model_dtype,
+    nonempty,
+    setup_torch,
+    to_torch,
+)
 from realtime_omni.models.qwen3_omni.weights import load_config, load_part, model_dir
 from realtime_omni.pipeline.executor import Emit, HoldsRequests, StageContext
 
@@ -238,7 +244,8 @@ class ThinkerExecutor(HoldsRequests):
                 self._start_prefill(r)
             assert r.embeds is not None
             n = min(budget, r.embeds.shape[0] - r.prefilled)
-            if not self.cache.reserve(r.row, r.prefilled + n):  # type: ignore[arg-type]
+            assert r.row is not None  # `_start_prefill` gave it one
+            if not self.cache.reserve(r.row, r.prefilled + n):
                 self._refuse(rid)
                 continue
             budget -= n
@@ -360,11 +367,10 @@ class ThinkerExecutor(HoldsRequests):
     def _decode(self, rids: list[str]) -> list[Emit]:
         """One token for each of `rids`, in one forward over their cache rows only."""
         reqs = [self.reqs[rid] for rid in rids]
-        rows = [r.row for r in reqs]
-        assert None not in rows
+        rows = each([r.row for r in reqs])
         ids = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.long)
-        pos = torch.cat([r.next_pos for r in reqs], dim=1)  # type: ignore[misc]
-        window = self.cache.decode(rows)  # type: ignore[arg-type]
+        pos = torch.cat(each([r.next_pos for r in reqs]), dim=1)
+        window = self.cache.decode(rows)
         out = self.model(
             input_ids=ids.to(self.device),
             position_ids=pos.to(self.device),
