@@ -57,6 +57,9 @@ class PhoneRoute(_Strict):
     )
 
 
+SIP_CODECS: tuple[Literal["PCMU", "PCMA"], ...] = ("PCMU", "PCMA")  # in order of preference
+
+
 class PhoneConfig(_Strict):
     """Calls from a phone: the media-stream bridges (`/v1/phone/<provider>`) and SIP."""
 
@@ -151,7 +154,7 @@ class SipConfig(_Strict):
     )
     rtp_port: int = Field(40000, ge=1024, le=65535, description="first RTP port")
     rtp_port_range: int = Field(1000, ge=2, description="RTP ports from rtp_port on")
-    codecs: list[Literal["PCMU", "PCMA"]] = Field(default_factory=lambda: ["PCMU", "PCMA"])
+    codecs: list[Literal["PCMU", "PCMA"]] = Field(default_factory=lambda: list(SIP_CODECS))
     max_calls: int = Field(32, gt=0, description="more INVITEs get 486 Busy Here")
     registration: SipRegistration | None = None
 

@@ -48,7 +48,8 @@ class HeapTrimmer:
     async def _run(self) -> None:
         try:
             await asyncio.sleep(max(0.0, self._last + self.interval_s - time.monotonic()))
-            await asyncio.to_thread(self._trim, 0)
+            if self._trim is not None:
+                await asyncio.to_thread(self._trim, 0)
             self._last = time.monotonic()
             self.trims += 1
         except Exception:

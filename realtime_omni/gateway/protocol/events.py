@@ -237,7 +237,7 @@ def _parse_call_item(spec: dict[str, Any]) -> Item:
     answer to one)."""
     kind = spec["type"]
     fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
-    values = {}
+    values: dict[str, Any] = {}
     for key in fields:
         v = spec.get(key, "")
         if not isinstance(v, str) or (key in ("call_id", "name") and not v):
@@ -271,7 +271,7 @@ def _decode_image(url: Any, param: str) -> np.ndarray:
 
     raw = decode_b64(url.split(",", 1)[1], param)
     try:
-        img = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # reads the header alone
+        img: Image.Image = Image.open(io.BytesIO(raw), formats=IMAGE_FORMATS)  # the header alone
     except (UnidentifiedImageError, OSError, ValueError):
         raise ProtocolError(
             f"{param}: not an image of the formats taken ({', '.join(IMAGE_FORMATS)})",

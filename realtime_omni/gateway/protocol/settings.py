@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from realtime_omni.gateway.protocol.events import PCM16, AudioFormat, ProtocolError, parse_format
@@ -286,6 +287,14 @@ class _Fields:
 _MISSING = object()
 
 
+def _int_field(v: dict[str, Any], key: str, param: str) -> int:
+    return int(_number(v[key], f"{param}.{key}", 0, 10000))
+
+
+def _flag_field(v: dict[str, Any], key: str, param: str) -> bool:
+    return _flag(v[key], f"{param}.{key}")
+
+
 def parse_turn_detection(
     v: Any, current: TurnDetection | None, f: _Fields, param: str
 ) -> TurnDetection | object | None:
@@ -323,22 +332,22 @@ def parse_turn_detection(
             vad = replace(vad, threshold=x)
     for key in ("prefix_padding_ms", "silence_duration_ms"):
         if key in v and (kind == "server_vad" or key == "prefix_padding_ms"):
-            x = f.take(lambda k=key: int(_number(v[k], f"{param}.{k}", 0, 10000)))
+            x = f.take(partial(_int_field, v, key, param))
             if x is not _MISSING:
                 vad = replace(vad, **{key: x})
     for key in ("min_interruption_ms", "resume_after_ms"):
         if key in v:
-            x = f.take(lambda k=key: int(_number(v[k], f"{param}.{k}", 0, 10000)))
+            x = f.take(partial(_int_field, v, key, param))
             if x is not _MISSING:
                 turns = replace(turns, **{key: x})
     for key in ("echo_gate", "echo_gate_aec"):
         if key in v:
-            x = f.take(lambda k=key: _flag(v[k], f"{param}.{k}"))
+            x = f.take(partial(_flag_field, v, key, param))
             if x is not _MISSING:
                 turns = replace(turns, **{key: x})
     for key in ("create_response", "interrupt_response"):
         if key in v:
-            x = f.take(lambda k=key: _flag(v[k], f"{param}.{k}"))
+            x = f.take(partial(_flag_field, v, key, param))
             if x is not _MISSING:
                 changes[key] = x
     if "idle_timeout_ms" in v:
@@ -429,7 +438,7 @@ def apply_session_update(
     def take(obj: dict[str, Any], where: str, fields: list[tuple[str, str, Parse]]) -> None:
         for key, into, fn in fields:
             if key in obj:
-                x = f.take(lambda fn=fn, key=key: fn(obj[key], f"{where}.{key}"))
+                x = f.take(partial(fn, obj[key], f"{where}.{key}"))
                 if x is not _MISSING:
                     changes[into] = x
 

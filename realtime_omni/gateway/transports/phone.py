@@ -44,8 +44,8 @@ async def apply_settings(
             refused = session.configure(settings)
         except ProtocolError as e:  # not an object at all
             refused = [e]
-        for e in refused:  # the rest applied
-            log.warning("%s call: a session setting was refused: %s", route, e)
+        for bad in refused:  # the rest applied
+            log.warning("%s call: a session setting was refused: %s", route, bad)
 
 
 def items_summary(session: Session) -> list[dict[str, Any]]:

@@ -90,6 +90,7 @@ class SipServer:
                 "pip install 'realtime-omni[sip]')"
             )
         self.gw, self.config = gw, config
+        self._account: Any = None  # pjsua2's Account, from start() to close()
         self.phone: PhoneConfig = gw.config.phone
         self.address: tuple[str, int] = (config.bind, config.port)
         self.calls: set[_Call] = set()  # touched on the PJSIP thread only
@@ -219,8 +220,8 @@ class SipServer:
             acc.sipConfig.authCreds.append(pj.AuthCredInfo("digest", r.realm, user, 0, password))
         else:
             acc.regConfig.registrarUri = ""
-        self._account = _Account(self)
-        self._account.create(acc)
+        self._account = account = _Account(self)
+        account.create(acc)
         return ep
 
     def _hang_up_all(self) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, AudioResampler, Packet, VideoFrame
+from av.audio.codeccontext import AudioCodecContext
 from av.codec import CodecContext
 
 from realtime_omni.aio import wait_set
@@ -95,7 +96,7 @@ class PlayoutTrack(MediaStreamTrack):
         self._dry = True  # the queue was empty when the last frame left
         self._playing: tuple[str, str | None] | None = None  # (item_id, response_id) on the wire
         self._time_base = fractions.Fraction(1, PLAYOUT_RATE_HZ)
-        self._opus: CodecContext | None = None  # made at the first audio (`_encode`)
+        self._opus: AudioCodecContext | None = None  # made at the first audio (`_encode`)
         self._tail = 0  # silent frames still to go through the encoder after audio
 
     async def recv(self) -> Packet:
@@ -184,7 +185,7 @@ class PlayoutTrack(MediaStreamTrack):
             self.on_event({"type": kind, "response_id": response_id})
 
 
-def _opus_encoder() -> CodecContext:
+def _opus_encoder() -> AudioCodecContext:
     c = CodecContext.create("libopus", "w")
     c.sample_rate = PLAYOUT_RATE_HZ  # libopus takes 24 kHz as it is; RTP still counts 48 kHz
     c.layout = "mono"
@@ -202,7 +203,7 @@ def _opus_encoder() -> CodecContext:
 
 def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     """A decoded frame (packed or planar, int or float samples) as mono float32 in [-1, 1]."""
-    x = frame.to_ndarray()
+    x: np.ndarray = frame.to_ndarray()
     channels = len(frame.layout.channels)
     if frame.format.is_planar:
         x = x.reshape(channels, -1)
