@@ -1,5 +1,6 @@
-"""Sample formats and rates: a streaming resampler (libsoxr), pcm16 <-> float32, G.711 mu-law
-and A-law. float32 audio is mono in [-1, 1].
+"""Sample formats and rates, the one home of both: the server's two rates, a streaming resampler
+(libsoxr), int16 <-> float32 (one scale, 32768, both ways), pcm16 bytes, G.711 mu-law and A-law.
+float32 audio is mono in [-1, 1].
 
     r = Resampler(16000, 24000)
     out = r.process(chunk)      # any chunk size; state carries across calls
@@ -13,6 +14,12 @@ import math
 
 import numpy as np
 import soxr
+
+# The microphone's audio inside the server, whatever the transport's rate: the input buffer, the
+# VAD's windows, the echo gate, a turn's audio and what the end-of-turn model hears.
+INPUT_RATE_HZ = 16000
+MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
+PCM16_SCALE = 32768.0  # int16 full scale: x / 32768 in, x * 32768 clipped to int16 out
 
 
 class Resampler:
@@ -61,16 +68,25 @@ def resample(x: np.ndarray, src_hz: int, dst_hz: int) -> np.ndarray:
 # ---- pcm16 ---------------------------------------------------------------------------------
 
 
+def int16_to_float(a: np.ndarray) -> np.ndarray:
+    """int16 samples (or any integers in its range) -> float32 in [-1, 1)."""
+    return (np.asarray(a, np.float32) / PCM16_SCALE).astype(np.float32)
+
+
+def float_to_int16(x: np.ndarray) -> np.ndarray:
+    """float32 in [-1, 1] -> int16, rounded, clipped."""
+    return np.rint(np.clip(np.asarray(x, np.float32) * PCM16_SCALE, -32768, 32767)).astype(np.int16)
+
+
 def pcm16_to_float(data: bytes | np.ndarray) -> np.ndarray:
     """Little-endian signed 16-bit samples -> float32 in [-1, 1)."""
     a = np.frombuffer(data, "<i2") if isinstance(data, bytes | bytearray | memoryview) else data
-    return (np.asarray(a, np.float32) / 32768.0).astype(np.float32)
+    return int16_to_float(a)
 
 
 def float_to_pcm16(x: np.ndarray) -> bytes:
     """float32 -> little-endian signed 16-bit bytes, clipped."""
-    a = np.clip(np.asarray(x, np.float32) * 32768.0, -32768, 32767)
-    return np.rint(a).astype("<i2").tobytes()
+    return float_to_int16(x).astype("<i2").tobytes()
 
 
 # ---- G.711 (ITU-T G.711 segment law; tables built once) ----------------------------------
@@ -121,21 +137,17 @@ _ULAW_ENC = _ulaw_encode_table()
 _ALAW_ENC = _alaw_encode_table()
 
 
-def _to_i16(x: np.ndarray) -> np.ndarray:
-    return np.rint(np.clip(np.asarray(x, np.float32) * 32768.0, -32768, 32767)).astype(np.int16)
-
-
 def ulaw_encode(x: np.ndarray) -> bytes:
-    return _ULAW_ENC[_to_i16(x).astype(np.int32) + 32768].tobytes()
+    return _ULAW_ENC[float_to_int16(x).astype(np.int32) + 32768].tobytes()
 
 
 def ulaw_decode(data: bytes) -> np.ndarray:
-    return (_ULAW_DEC[np.frombuffer(data, np.uint8)] / 32768.0).astype(np.float32)
+    return int16_to_float(_ULAW_DEC[np.frombuffer(data, np.uint8)])
 
 
 def alaw_encode(x: np.ndarray) -> bytes:
-    return _ALAW_ENC[_to_i16(x).astype(np.int32) + 32768].tobytes()
+    return _ALAW_ENC[float_to_int16(x).astype(np.int32) + 32768].tobytes()
 
 
 def alaw_decode(data: bytes) -> np.ndarray:
-    return (_ALAW_DEC[np.frombuffer(data, np.uint8)] / 32768.0).astype(np.float32)
+    return int16_to_float(_ALAW_DEC[np.frombuffer(data, np.uint8)])

@@ -9,8 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from realtime_omni.gateway.media.audio import Resampler
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ, Resampler, int16_to_float
 
 MAX_INPUT_MS = 120_000  # older audio is dropped past this
 # Audio a client may send ahead of real time: one full-size append at once (8 MiB of base64
@@ -42,10 +41,10 @@ class AudioCredit:
 
 
 class InputBuffer:
-    """Samples [`start`, `end`) at `SAMPLE_RATE_HZ`, held at most `max_ms` back from `end`."""
+    """Samples [`start`, `end`) at `INPUT_RATE_HZ`, held at most `max_ms` back from `end`."""
 
     def __init__(self, max_ms: int = MAX_INPUT_MS) -> None:
-        self.max_samples = max_ms * SAMPLE_RATE_HZ // 1000
+        self.max_samples = max_ms * INPUT_RATE_HZ // 1000
         self._chunks: list[np.ndarray] = []
         self.start = 0  # absolute index of the first sample still held
         self.end = 0  # absolute index after the last sample
@@ -60,12 +59,12 @@ class InputBuffer:
         """Append audio at any rate, float32 [-1, 1] or int16, passed at 16 kHz through `clean`
         (the echo canceller) when given; gives what was appended."""
         x = np.asarray(pcm)
-        x = x.astype(np.float32) / 32768.0 if x.dtype == np.int16 else x.astype(np.float32)
+        x = int16_to_float(x) if x.dtype == np.int16 else x.astype(np.float32)
         x = x.reshape(-1)
-        if rate_hz != SAMPLE_RATE_HZ:
+        if rate_hz != INPUT_RATE_HZ:
             r = self._resamplers.get(rate_hz)
             if r is None:
-                r = self._resamplers[rate_hz] = Resampler(rate_hz, SAMPLE_RATE_HZ)
+                r = self._resamplers[rate_hz] = Resampler(rate_hz, INPUT_RATE_HZ)
             x = r.process(x)
         if clean is not None:
             x = clean(x)

@@ -18,8 +18,8 @@ import numpy as np
 
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.media import audio
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.protocol.conversation import Item, Part, new_id
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ as VAD_RATE_HZ
 
 MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool's schema) less
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -255,7 +255,7 @@ def _parse_part(c: Any, param: str, input_format: AudioFormat) -> Part:
         return Part("text", text=c["text"])
     if kind == "input_audio":
         pcm = input_format.decode(decode_b64(c.get("audio"), f"{param}.audio"))
-        r = audio.Resampler(input_format.rate_hz, VAD_RATE_HZ)
+        r = audio.Resampler(input_format.rate_hz, INPUT_RATE_HZ)
         return Part("audio", audio=np.concatenate([r.process(pcm), r.flush()]))
     if kind == "input_image":
         return Part("image", image=_decode_image(c.get("image_url"), f"{param}.image_url"))

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.protocol.conversation import new_id
 from realtime_omni.gateway.protocol.events import (
     ProtocolError,
@@ -20,7 +21,6 @@ from realtime_omni.gateway.protocol.events import (
     parse_item,
 )
 from realtime_omni.gateway.protocol.settings import apply_session_update
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.session.driver import Session
@@ -122,10 +122,10 @@ class ClientEvents:
 
     async def _commit(self, ev: dict[str, Any]) -> None:
         pcm = self.s.input.slice(self.s.input.start, self.s.input.end)
-        if len(pcm) * 1000 < MIN_COMMIT_MS * SAMPLE_RATE_HZ:
+        if len(pcm) * 1000 < MIN_COMMIT_MS * INPUT_RATE_HZ:
             raise ProtocolError(
                 f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, "
-                f"got {len(pcm) * 1000 / SAMPLE_RATE_HZ:.0f} ms",
+                f"got {len(pcm) * 1000 / INPUT_RATE_HZ:.0f} ms",
                 code="input_audio_buffer_commit_empty",
             )
         item_id = self.s.turns.turn_item_id or new_id("item")

@@ -60,7 +60,7 @@ import numpy as np
 
 from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
-from realtime_omni.gateway.media.audio import Resampler
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ, Resampler
 from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.media.playout import Playout, Read
 from realtime_omni.gateway.protocol.conversation import MAX_BYTES, Conversation, Item, Part, new_id
@@ -83,7 +83,7 @@ from realtime_omni.gateway.turns.taking import (
     TurnEnd,
     TurnTaker,
 )
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ, Windower
+from realtime_omni.gateway.turns.vad import Windower
 from realtime_omni.logs import SESSION
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ class Session:
         self.input.clear()
         self._vad_pending.clear()
         self._vad_samples = self.input.end
-        self.turns.clear(self.input.end * 1000 / SAMPLE_RATE_HZ)
+        self.turns.clear(self.input.end * 1000 / INPUT_RATE_HZ)
         self._windower = Windower()
         self.playout.paused = False
         if self._vad_model is not None:
@@ -376,7 +376,7 @@ class Session:
                     clean = w[1] if w.ndim == 2 else None
                     self._on_window(p, mic, self._arrival(self._vad_samples), clean)
             if not self.turns.speaking and self.settings.turn_detection is not None:
-                pad = self.settings.turn_detection.vad.prefix_padding_ms * SAMPLE_RATE_HZ // 1000
+                pad = self.settings.turn_detection.vad.prefix_padding_ms * INPUT_RATE_HZ // 1000
                 self.input.trim(self._vad_samples - pad - windows[0].shape[-1])
 
     def _arrival(self, end: int) -> float:
@@ -417,8 +417,8 @@ class Session:
             elif isinstance(a, TurnEnd):
                 self._end_turn(a)
             elif isinstance(a, AskEndOfTurn):
-                start = a.audio_start_ms * SAMPLE_RATE_HZ // 1000
-                end = int(a.audio_end_ms * SAMPLE_RATE_HZ / 1000)  # what the VAD has judged
+                start = a.audio_start_ms * INPUT_RATE_HZ // 1000
+                end = int(a.audio_end_ms * INPUT_RATE_HZ / 1000)  # what the VAD has judged
                 self._track(self._judge_end_of_turn(a.ask, self.input.slice(start, end)))
             elif isinstance(a, Pause):
                 self.playout.paused = True  # the next frame out is silent; nothing is lost
@@ -484,8 +484,8 @@ class Session:
         self._clear_input()
         self._emit(
             "input_audio_buffer.timeout_triggered",
-            audio_start_ms=start * 1000 // SAMPLE_RATE_HZ,
-            audio_end_ms=end * 1000 // SAMPLE_RATE_HZ,
+            audio_start_ms=start * 1000 // INPUT_RATE_HZ,
+            audio_end_ms=end * 1000 // INPUT_RATE_HZ,
             item_id=item_id,
         )
         if len(pcm):  # what the microphone heard meanwhile (silence, or what VAD ignored)
@@ -500,8 +500,8 @@ class Session:
             audio_end_ms=turn.audio_end_ms,
             item_id=turn.item_id,
         )
-        start = turn.audio_start_ms * SAMPLE_RATE_HZ // 1000
-        end = turn.audio_end_ms * SAMPLE_RATE_HZ // 1000
+        start = turn.audio_start_ms * INPUT_RATE_HZ // 1000
+        end = turn.audio_end_ms * INPUT_RATE_HZ // 1000
         pcm = self.input.slice(start, end)
         self.input.trim(end)
         self._commit_audio(pcm, turn.item_id)
@@ -584,7 +584,7 @@ class Session:
             return
         # the far end: what the microphone may hear again, at the microphone's rate
         if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
-            self._far_resampler = Resampler(self.playout.rate_hz, SAMPLE_RATE_HZ)
+            self._far_resampler = Resampler(self.playout.rate_hz, INPUT_RATE_HZ)
         far = self._far_resampler.process(r.pcm)
         if self.turns.gating:
             self.turns.gate.far(far, time.monotonic())

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from realtime_omni.errors import OmniError
-from realtime_omni.gateway.media.audio import Resampler
+from realtime_omni.gateway.media.audio import MODEL_RATE_HZ, Resampler
 from realtime_omni.gateway.media.playout import Playout, PlayoutFull
 from realtime_omni.gateway.protocol.conversation import Item, new_id
 from realtime_omni.gateway.protocol.events import ProtocolError
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MODEL_RATE_HZ = 24000  # code2wav's output rate (Qwen3-Omni); a chunk may say `sample_rate_hz`
 CODEC_FRAME_MS = 80.0  # one talker codec frame of audio (12.5 Hz)
 
 

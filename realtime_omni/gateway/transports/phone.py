@@ -15,6 +15,7 @@ from typing import Any
 
 from realtime_omni.aio import within
 from realtime_omni.gateway.config import PhoneConfig, merge
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.protocol.events import ProtocolError, loads
 from realtime_omni.gateway.session.driver import Session
 
@@ -55,7 +56,7 @@ def items_summary(session: Session) -> list[dict[str, Any]]:
     for it in session.conversation.items:
         ms = it.audio_ms
         if it.role == "user":
-            ms = sum(len(p.audio) for p in it.parts if p.audio is not None) * 1000 // 16000
+            ms = sum(len(p.audio) for p in it.parts if p.audio is not None) * 1000 // INPUT_RATE_HZ
         out.append({"id": it.id, "role": it.role, "status": it.status, "audio_ms": ms})
     return out
 

@@ -37,7 +37,7 @@ import numpy as np
 from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.config import PhoneConfig, SipConfig
-from realtime_omni.gateway.media.audio import float_to_pcm16
+from realtime_omni.gateway.media.audio import float_to_pcm16, pcm16_to_float
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports import phone
 from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
@@ -383,7 +383,7 @@ if pj is not None:
             if s is None:
                 return
             for item_id, frame in reversed(taken):
-                s.playout.unread(item_id, np.frombuffer(frame, np.int16) / 32768.0)
+                s.playout.unread(item_id, pcm16_to_float(frame))
 
         async def run(self) -> None:
             server, gw = self.server, self.server.gw

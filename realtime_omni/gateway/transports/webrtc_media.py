@@ -48,9 +48,8 @@ from av.audio.codeccontext import AudioCodecContext
 from av.codec import CodecContext
 
 from realtime_omni.aio import wait_set
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ, MODEL_RATE_HZ, float_to_int16
 from realtime_omni.gateway.session.driver import Session
-from realtime_omni.gateway.session.responses import MODEL_RATE_HZ
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ as INPUT_RATE_HZ
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class PlayoutTrack(MediaStreamTrack):
         pts = self.frames * PLAYOUT_FRAME_SAMPLES
         pcm16 = None
         if r.items:  # else the read was padding alone: digital silence
-            pcm16 = (np.clip(r.pcm, -1.0, 1.0) * 32767.0).astype(np.int16).reshape(1, -1)
+            pcm16 = float_to_int16(r.pcm).reshape(1, -1)
         if pcm16 is not None and pcm16.any():
             packet = self._encode(pcm16, pts)
             self._tail = TAIL_FRAMES

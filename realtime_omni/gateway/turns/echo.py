@@ -26,8 +26,10 @@ from collections import deque
 
 import numpy as np
 
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ, float_to_pcm16, int16_to_float
+
 log = logging.getLogger(__name__)
-RATE_HZ = 16000
+RATE_HZ = INPUT_RATE_HZ  # what the gate and the cancellers hear and are told
 FRAME = 160  # 10 ms, the module's frame
 MAX_FAR_FRAMES = 100  # a second of far end waiting; older is dropped
 # A window the canceller leaves this much quieter was the bot's echo, whatever its energy says:
@@ -87,7 +89,7 @@ class EchoCanceller:
         x = np.concatenate([self._far_rest, np.asarray(pcm, np.float32).reshape(-1)])
         n = len(x) // FRAME * FRAME
         for i in range(0, n, FRAME):
-            self._far.append(_pcm16(x[i : i + FRAME]))
+            self._far.append(float_to_pcm16(x[i : i + FRAME]))
         self._far_rest = x[n:]
 
     def near(self, pcm: np.ndarray) -> np.ndarray:
@@ -121,9 +123,9 @@ class EchoCanceller:
         """One 10 ms frame of each side through the module."""
         frame = self._rtc.AudioFrame
         self._apm.process_reverse_stream(frame(far, RATE_HZ, 1, FRAME))
-        near = frame(_pcm16(near_pcm), RATE_HZ, 1, FRAME)
+        near = frame(float_to_pcm16(near_pcm), RATE_HZ, 1, FRAME)
         self._apm.process_stream(near)
-        return np.frombuffer(near.data, np.int16) / 32768.0
+        return int16_to_float(np.frombuffer(near.data, np.int16))
 
 
 def cancelled_db(mic: np.ndarray, clean: np.ndarray) -> float:
@@ -134,10 +136,6 @@ def cancelled_db(mic: np.ndarray, clean: np.ndarray) -> float:
         return 0.0
     e_clean = float(np.mean(np.square(clean, dtype=np.float64)))
     return float(10 * np.log10(e_mic / max(e_clean, 1e-12)))
-
-
-def _pcm16(x: np.ndarray) -> bytes:
-    return (np.clip(x, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
 
 
 class EchoGate:
@@ -221,14 +219,14 @@ class EchoGate:
         if not len(x):
             return
         start = max(t, self._far_clock)
-        self._far_clock = start + len(x) / 16000
+        self._far_clock = start + len(x) / RATE_HZ
         if self.correlate:
             gap = min(round(start * RATE_HZ) - self._pcm_end, self._keep)
             parts = [self._pcm, np.zeros(max(gap, 0), np.float32), x]
             self._pcm = np.concatenate(parts)[-self._keep :]
             self._pcm_end = max(self._pcm_end, round(start * RATE_HZ)) + len(x)
         # each sample's slot, by when it plays; the squares summed per slot
-        slots = ((start + np.arange(len(x)) / 16000) / self.SLOT_S).astype(np.int64)
+        slots = ((start + np.arange(len(x)) / RATE_HZ) / self.SLOT_S).astype(np.int64)
         keys, at = np.unique(slots, return_index=True)
         sums = np.add.reduceat(np.square(x.astype(np.float64)), at)
         for slot, energy in zip(keys.tolist(), sums.tolist(), strict=True):
@@ -269,7 +267,7 @@ class EchoGate:
         the energies alone. (Where no echo comes back, a headset, the canceller's suppressor
         would still damp a person heard over the far end while it learns.)"""
         now = int((t - self.SLOT_S / 2) / self.SLOT_S)  # the slot of the window's middle
-        per = self.SLOT_S * 16000
+        per = self.SLOT_S * RATE_HZ
         row = np.array([self._slots.get(now - k, 0.0) / per for k in range(self.taps)])
         self._recent.append(np.asarray(mic, np.float32).reshape(-1))
         if row.max() < self.active_floor:

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SAMPLE_RATE_HZ = 16000
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
+
 WINDOW_SAMPLES = 512  # silero-vad's window at 16 kHz
-WINDOW_MS = WINDOW_SAMPLES * 1000 / SAMPLE_RATE_HZ  # 32 ms
+WINDOW_MS = WINDOW_SAMPLES * 1000 / INPUT_RATE_HZ  # 32 ms
 
 
 @dataclass(frozen=True)

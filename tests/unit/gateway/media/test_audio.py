@@ -71,3 +71,12 @@ def test_g711_round_trip_error_is_small(law: str) -> None:
     assert len(enc(x)) == len(x)
     assert np.abs(y - x).max() < 0.02  # segment law: error grows with amplitude, ~3% at most
     assert dec(bytes(range(256))).shape == (256,)
+
+
+def test_int16_scaling_is_one_scale_both_ways() -> None:
+    from realtime_omni.gateway.media.audio import PCM16_SCALE, float_to_int16, int16_to_float
+
+    ints = np.array([-32768, -1, 0, 1, 32767], np.int16)
+    assert np.array_equal(float_to_int16(int16_to_float(ints)), ints)  # exact round trip
+    assert int16_to_float(ints)[0] == -1.0 and PCM16_SCALE == 32768.0
+    assert float_to_int16(np.array([1.5, -1.5], np.float32)).tolist() == [32767, -32768]

@@ -1,13 +1,13 @@
 import numpy as np
 
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
-from realtime_omni.gateway.turns.vad import SAMPLE_RATE_HZ
 
 
 def test_slices_by_absolute_index_across_chunks_and_after_trim() -> None:
     buf = InputBuffer()
     for i in range(4):
-        buf.push(np.full(100, i, np.float32), SAMPLE_RATE_HZ)
+        buf.push(np.full(100, i, np.float32), INPUT_RATE_HZ)
     assert (buf.start, buf.end) == (0, 400)
     assert buf.slice(150, 250).tolist() == [1.0] * 50 + [2.0] * 50
     buf.trim(250)  # drops the chunks that end before it, keeps the one it falls in
@@ -28,7 +28,7 @@ def test_int16_and_other_rates_become_16khz_float() -> None:
 def test_old_audio_is_dropped_past_the_limit() -> None:
     buf = InputBuffer(max_ms=100)  # 1,600 samples
     for _ in range(10):
-        buf.push(np.zeros(800, np.float32), SAMPLE_RATE_HZ)
+        buf.push(np.zeros(800, np.float32), INPUT_RATE_HZ)
     assert buf.end == 8000
     assert buf.end - buf.start <= 1600 + 800  # whole chunks go: at most one chunk over
     assert len(buf.slice(0, buf.end)) == buf.end - buf.start
