@@ -136,7 +136,12 @@ class RuntimeConfig(_Strict):
     )
     heartbeat_interval_s: float = Field(default=0.25, gt=0)
     heartbeat_timeout_s: float = Field(
-        default=5.0, gt=0, description="Silence after which a remote process counts as dead."
+        default=5.0,
+        gt=0,
+        description="Silence after which a remote process (on another host or Ray node) counts "
+        "as dead: its requests fail and new ones go to another replica. A node that stops "
+        "answering is seen no sooner; 2 suits a real-time service on a private network "
+        "(docs/deployment.md).",
     )
     inline_max_bytes: int = Field(
         default=16384, ge=0, description="Payloads up to this size ride in the control message."

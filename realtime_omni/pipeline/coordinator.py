@@ -410,14 +410,17 @@ class Coordinator:
 
     async def submit(self, payload: Payload, request_id: str | None = None) -> RequestStream:
         """Start a request with `payload` as the entry stage's input; waits while the pipeline
-        is at `runtime.max_requests` or a stage is restarting, and for a free entry credit."""
+        is at `runtime.max_requests` or a stage has no replica up (all restarting), and for a
+        free entry credit. A replica that is down is passed over while another serves."""
         if self._closing:
             raise OmniError("the pipeline is shut down")
         rid = request_id or uuid.uuid4().hex
         if rid in self._requests:
             raise RequestError(f"request id {rid!r} is already in flight")
-        while len(self._requests) >= self.cfg.runtime.max_requests or not self._healthy.is_set():
-            if self._broken or (self._down and not self.cfg.runtime.restart_stages):
+        while len(self._requests) >= self.cfg.runtime.max_requests or not self._routable():
+            if not self._routable() and (
+                self._broken or (self._down and not self.cfg.runtime.restart_stages)
+            ):
                 why = "; ".join(self._broken.values()) or "restart_stages is off"
                 raise StageDied(f"stage processes {sorted(self._down)} are down: {why}")
             await self._wait_credit()
@@ -448,6 +451,17 @@ class Coordinator:
         self._credit.clear()
         with contextlib.suppress(TimeoutError):
             await within(self._credit.wait(), 0.5)
+
+    def _routable(self) -> bool:
+        """Every process group has a replica up, so a new request has a route. A standby replica
+        on another node thus serves new calls while Ray takes seconds to declare a dead node
+        dead and restart what was on it (benchmarks/node_failover.py)."""
+        if self._healthy.is_set():
+            return True
+        return all(
+            any(p not in self._down for p in grp.process_names())
+            for grp in self.graph.groups.values()
+        )
 
     def _pick_route(self, session: Any = None) -> dict[str, int]:
         """Per replicated group, the replica a request runs on: the one that served the
@@ -717,7 +731,11 @@ class Coordinator:
         now = time.monotonic()
         limit = self.cfg.runtime.heartbeat_timeout_s
         for p in self.graph.processes():
-            if p not in self._procs and now - self._last_beat.get(p, now) > limit:
+            # A local process's death shows on its pidfd; one on another host or Ray node
+            # (a Ray actor's `wait` fails only once Ray gives the node up) by its silence.
+            proc = self._procs.get(p)
+            local = proc is not None and not isinstance(proc, RayProcess)
+            if not local and now - self._last_beat.get(p, now) > limit:
                 dead.append(p)  # _on_death ignores a process already down
 
     def _on_death(self, process: str) -> None:
@@ -750,8 +768,10 @@ class Coordinator:
 
     async def _restart(self, process: str) -> None:
         proc = self._procs[process]  # reap it: it is dead, so this returns at once
-        if isinstance(proc, RayProcess):
-            await asyncio.to_thread(proc.wait)  # a Ray call: off the loop all the same
+        if isinstance(proc, RayProcess):  # Ray calls: off the loop
+            if await asyncio.to_thread(proc.poll) is None:  # silent, not (yet) seen dead
+                await asyncio.to_thread(proc.kill)  # a frozen node's may wake: no second one
+            await asyncio.to_thread(proc.wait)  # until Ray reports it ended, or its node dead
         else:
             proc.wait()
         epoch, spare = self._spares.pop(process, (0, None))

@@ -21,10 +21,12 @@ the coordinator makes one for the deployment and hands it to the actors.
 
 A stage process that dies is seen when its actor's `wait` returns (at once; no heartbeat to
 miss); the coordinator's usual restart then starts it again through the same actor. An actor or
-node that dies fails its `wait` too; Ray restarts the actor (`max_restarts`), in its bundle, on
-a node that has the bundle's resources, and the restart lands there. `locate` says where that
-is: the coordinator hands a process that moved its new address, and tells its peers (see the
-coordinator's `_launch` and `_peer_up`).
+node that dies fails its `wait` too (a node killed: in 1-2 s; one that stops answering: once
+Ray's health check declares it dead, so the coordinator also counts its silence, as any remote
+process's); Ray restarts the actor (`max_restarts`), in its bundle, on a node that has the
+bundle's resources, and the restart lands there. `locate` says where that is: the coordinator
+hands a process that moved its new address, and tells its peers (see the coordinator's
+`_launch` and `_peer_up`).
 """
 
 from __future__ import annotations
