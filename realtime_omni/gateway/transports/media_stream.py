@@ -54,6 +54,7 @@ from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
+from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.media import audio
 from realtime_omni.gateway.protocol.events import ProtocolError, loads
 from realtime_omni.gateway.session.driver import Session
@@ -62,7 +63,7 @@ from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
 from realtime_omni.gateway.transports.webrtc import SignallingError, read_bytes
 
 if TYPE_CHECKING:
-    from realtime_omni.gateway.app import Gateway
+    from realtime_omni.gateway.host import Host
 
 log = logging.getLogger(__name__)
 TICK_S = 0.02
@@ -278,7 +279,7 @@ class Heard:
 class PhoneCall:
     """One media-stream WebSocket: the provider's protocol around one `Session`."""
 
-    def __init__(self, ws: WebSocket, gw: Gateway, dialect: Dialect) -> None:
+    def __init__(self, ws: WebSocket, gw: Host, dialect: Dialect) -> None:
         self.ws, self.gw, self.dialect = ws, gw, dialect
         self.name = dialect.name
         self.config: PhoneConfig = gw.config.phone
@@ -349,8 +350,7 @@ class PhoneCall:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.session is not None:
-                await self.session.close()
-                self.gw.forget(self.session)
+                await release(self.gw, self.session)
                 log.info("%s call %s ended", self.dialect.name, self.start and self.start.call_id)
             with contextlib.suppress(Exception):
                 await self.ws.close()
@@ -421,11 +421,10 @@ class PhoneCall:
         self.start = start
         if start.codec == "alaw":
             self._decode, self._encode = audio.alaw_decode, audio.alaw_encode
-        s = gw.new_session(output_rate_hz=RATE_HZ, transport=self.dialect.name, owner=grant.owner)
+        s = admit(gw, output_rate_hz=RATE_HZ, transport=self.dialect.name, owner=grant.owner)
         s.heard_ms = self._heard_ms
         s.on_flush = self._on_flush
         s.on_pause = self._on_pause
-        gw.sessions.add(s)
         self.session = s
         await s.start()
         log.info("%s call %s: stream %s", self.dialect.name, start.call_id, start.stream_id)
@@ -524,7 +523,7 @@ class PhoneCall:
 class PhoneCalls:
     """The live media-stream calls of one gateway."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Host) -> None:
         self.gw = gw
         self.live: set[PhoneCall] = set()
 

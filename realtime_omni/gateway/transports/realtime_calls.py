@@ -48,7 +48,7 @@ from realtime_omni.gateway.transports.webrtc import (
 from realtime_omni.gateway.turns.echo import EchoCanceller
 
 if TYPE_CHECKING:
-    from realtime_omni.gateway.app import Gateway
+    from realtime_omni.gateway.host import Host
 
 log = logging.getLogger(__name__)
 MAX_CALL_BODY = 4 * MAX_OFFER_BYTES  # an offer and its session settings
@@ -60,7 +60,7 @@ def _refusal(status: int, message: str, code: str, param: str | None = None) -> 
     return JSONResponse({"error": body}, status_code=status)
 
 
-def _check_settings(gw: Gateway, session: Any, where: str) -> Settings:
+def _check_settings(gw: Host, session: Any, where: str) -> Settings:
     """The settings a session would have from `session`; 400 for any the server would not
     apply, naming the fields."""
     try:
@@ -75,7 +75,7 @@ def _check_settings(gw: Gateway, session: Any, where: str) -> Settings:
 
 async def client_secrets(request: Request) -> Response:
     """Mint a client secret (a secret never reaches this route: `auth.may_reach`)."""
-    gw: Gateway = request.app.state.gateway
+    gw: Host = request.app.state.gateway
     try:
         data = loads(await read_bytes(request, MAX_CALL_BODY) or b"{}", "the body")
     except SignallingError as e:
@@ -127,7 +127,7 @@ def _parse_form(kind: str, body: bytes) -> dict[str, str]:
 
 
 async def create_call(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+    gw: Host = request.app.state.gateway
     calls: WebRtcCalls = request.app.state.webrtc
     grant = grant_of(request.scope)
     kind = request.headers.get("content-type", "")

@@ -21,11 +21,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
-from realtime_omni.gateway.protocol.events import error_event, event_id, for_beta
+from realtime_omni.gateway.host import admit, release
+from realtime_omni.gateway.protocol.events import error_event, event_id
 from realtime_omni.gateway.session.driver import Session
+from realtime_omni.gateway.transports.channel import EventChannel
 
 if TYPE_CHECKING:
-    from realtime_omni.gateway.app import Gateway
+    from realtime_omni.gateway.host import Host
 
 log = logging.getLogger(__name__)
 TICK_S = 0.02
@@ -34,24 +36,17 @@ SEND_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
 
 class RealtimeConnection:
     def __init__(
-        self, ws: WebSocket, session: Session, gw: Gateway, beta: bool, label: str = "websocket"
+        self, ws: WebSocket, session: Session, gw: Host, beta: bool, label: str = "websocket"
     ) -> None:
         self.ws, self.session, self.gw, self.beta = ws, session, gw, beta
-        self.label = label  # the event log's name for the connection: websocket | sideband
+        # label: the event log's name for the connection, websocket | sideband
+        self.channel = EventChannel(session, gw.event_log, label, beta)
         self._sent_s = 0.0  # audio seconds the last send_audio sent
 
     async def send(self, event: dict[str, Any]) -> None:
-        if self.beta:
-            if event["type"] in ("session.created", "session.updated"):
-                event = dict(event, session=self.session.settings.to_openai(self.session.id, True))
-            converted = for_beta(event)
-            if converted is None:
-                return
-            event = converted
-        event = {"event_id": event_id(), **event}
-        if self.gw.event_log is not None:
-            self.gw.event_log.write(self.session.id, self.label, self.beta, event)
-        await within(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
+        wire = self.channel.outgoing(event)
+        if wire is not None:
+            await within(self.ws.send_text(json.dumps(wire)), SEND_TIMEOUT_S)
 
     async def receive_loop(self) -> None:
         limit = self.gw.config.max_message_bytes
@@ -125,7 +120,7 @@ async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None, beta: b
     for its session (OpenAI's sideband connection); it ends with the call, the call goes on
     without it. An API key's holder may attach to any call, a client secret to its own calls
     only (another's is "no such call", as one that does not exist)."""
-    gw: Gateway = ws.app.state.gateway
+    gw: Host = ws.app.state.gateway
     call = ws.app.state.webrtc.calls.get(call_id)
     grant = grant_of(ws.scope)
     if call is None or not (grant.trusted or grant.owner == call.session.owner):
@@ -157,7 +152,7 @@ async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None, beta: b
 
 
 async def realtime_endpoint(ws: WebSocket) -> None:
-    gw: Gateway = ws.app.state.gateway
+    gw: Host = ws.app.state.gateway
     # A browser's `realtime` subprotocol (its key rides in another, auth.py) is echoed back;
     # a browser fails the handshake otherwise.
     offered = offered_subprotocols(ws.scope)
@@ -177,20 +172,15 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await ws.send_text(json.dumps({"event_id": event_id(), **err}))
         await ws.close(code=1013, reason=code.replace("_", " "))  # 1013: try again later
         return
-    session = gw.new_session(model=ws.query_params.get("model") or "qwen3-omni", owner=grant.owner)
+    session = admit(gw, model=ws.query_params.get("model") or "qwen3-omni", owner=grant.owner)
     if grant.session:  # a client secret's settings, checked when it was minted
         session.configure(grant.session)
-    gw.sessions.add(session)
     conn = RealtimeConnection(ws, session, gw, beta)
     sender: asyncio.Task[None] | None = None
     try:
         await session.start()
-        await conn.send(
-            {"type": "session.created", "session": session.settings.to_openai(session.id)}
-        )
-        if beta:  # beta clients wait for their conversation; GA ones never heard of it
-            conversation = {"id": f"conv_{session.id[5:]}", "object": "realtime.conversation"}
-            await conn.send({"type": "conversation.created", "conversation": conversation})
+        for event in conn.channel.opening():
+            await conn.send(event)
         sender = asyncio.create_task(conn.send_loop())
         receiver = asyncio.create_task(conn.receive_loop())
         done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
@@ -204,7 +194,6 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         if sender is not None:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
-        await session.close()
-        gw.forget(session)
+        await release(gw, session)
         with contextlib.suppress(Exception):
             await ws.close()

@@ -37,13 +37,14 @@ import numpy as np
 from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.config import PhoneConfig, SipConfig
+from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.media.audio import float_to_pcm16, pcm16_to_float
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports import phone
 from realtime_omni.gateway.transports.phone import FRAME_SAMPLES, RATE_HZ
 
 if TYPE_CHECKING:
-    from realtime_omni.gateway.app import Gateway
+    from realtime_omni.gateway.host import Host
 
 try:
     import pjsua2 as pj
@@ -83,7 +84,7 @@ def peer_ip(src_address: str) -> str:
 
 
 class SipServer:
-    def __init__(self, gw: Gateway, config: SipConfig) -> None:
+    def __init__(self, gw: Host, config: SipConfig) -> None:
         if pj is None:
             raise OmniError(
                 "SIP needs PJSIP's Python bindings. Fix: pip install pjsua2-python (or "
@@ -391,9 +392,8 @@ if pj is not None:
                 busy = refused[1] == "too_many_sessions"
                 server._post(lambda: self.respond(486 if busy else 503))  # 503: draining
                 return
-            s = gw.new_session(output_rate_hz=RATE_HZ, transport="sip")
+            s = admit(gw, output_rate_hz=RATE_HZ, transport="sip")
             s.heard_ms, s.on_flush, s.on_pause = self.heard_ms, self.flush, self.pause
-            gw.sessions.add(s)
             self.session = s
             server.live[self.call_id] = self
             tasks: list[asyncio.Task[Any]] = []
@@ -420,8 +420,7 @@ if pj is not None:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.out.clear()
-                await s.close()
-                gw.forget(s)
+                await release(gw, s)
                 s.heard_ms = s.on_flush = s.on_pause = None  # the session lets go of the call
                 self.session = None
                 # The last reference goes with a command to the PJSIP thread, where the call

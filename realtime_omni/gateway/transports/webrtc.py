@@ -52,8 +52,10 @@ from starlette.routing import Route
 from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Grant, grant_of
-from realtime_omni.gateway.protocol.events import ProtocolError, error_event, event_id, loads
+from realtime_omni.gateway.host import admit, release
+from realtime_omni.gateway.protocol.events import ProtocolError, error_event, loads
 from realtime_omni.gateway.session.driver import Session
+from realtime_omni.gateway.transports.channel import EventChannel
 from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
 from realtime_omni.gateway.transports.webrtc_media import (
     PLAYOUT_RATE_HZ,
@@ -63,7 +65,7 @@ from realtime_omni.gateway.transports.webrtc_media import (
 )
 
 if TYPE_CHECKING:
-    from realtime_omni.gateway.app import Gateway
+    from realtime_omni.gateway.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +133,7 @@ class WebRtcCall:
         self.pc = RTCPeerConnection(calls.rtc_config)
         self.track = PlayoutTrack(session, self.send_event)
         self.channel: RTCDataChannel | None = None
+        self.events = EventChannel(session, calls.gw.event_log, "webrtc")
         self.connected = asyncio.Event()
         self.ended = asyncio.Event()  # set as the call closes (a sideband connection ends too)
         # When the caller's audio last arrived (monotonic s; from its track's announcement until
@@ -164,9 +167,8 @@ class WebRtcCall:
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except Exception as e:
             raise _malformed("the offer cannot be answered", e) from None
-        self.send_event(
-            {"type": "session.created", "session": self.session.settings.to_openai(self.id)}
-        )
+        for event in self.events.opening():
+            self.send_event(event)
         self._spawn(self._pump_events())
         self._spawn(self._handle_inbox())
         self._spawn(self._watch_connect())
@@ -226,10 +228,9 @@ class WebRtcCall:
                 log.warning("call %s: no open data channel; dropping old events", self.id)
             self._backlog.append(event)
             return
-        event = {"event_id": event_id(), **event}
-        if self.calls.gw.event_log is not None:
-            self.calls.gw.event_log.write(self.id, "webrtc", False, event)
-        ch.send(json.dumps(event))
+        wire = self.events.outgoing(event)
+        if wire is not None:
+            ch.send(json.dumps(wire))
         if ch.bufferedAmount > MAX_BUFFERED_BYTES:
             self.end(f"the client left {ch.bufferedAmount} bytes of events unread")
 
@@ -284,16 +285,15 @@ class WebRtcCall:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         try:
-            await self.session.close()
+            await release(self.calls.gw, self.session)
         finally:
-            self.calls.gw.forget(self.session)
             await self.pc.close()
 
 
 class WebRtcCalls:
     """The live calls of one gateway, and the counters of those that ended."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Host) -> None:
         self.gw = gw
         self.rtc_config = rtc_configuration(gw.config.ice_servers)
         use_host_addresses(gw.config.ice_host_addresses)
@@ -325,10 +325,9 @@ class WebRtcCalls:
             self.forget(old)  # out of the registry and the count now; it closes in the background
             self.gw.sessions.discard(old.session)
             old.end("its place went to a newer offer before it connected")
-        session = self.gw.new_session(
-            output_rate_hz=PLAYOUT_RATE_HZ, transport="webrtc", owner=grant.owner
+        session = admit(
+            self.gw, output_rate_hz=PLAYOUT_RATE_HZ, transport="webrtc", owner=grant.owner
         )
-        self.gw.sessions.add(session)  # before any await: the limit holds under a burst
         call = WebRtcCall(self, session)
         self.calls[call.id] = call
         self.totals["calls"] += 1
