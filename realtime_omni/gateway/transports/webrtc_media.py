@@ -7,17 +7,15 @@ camera in.
 
 `PlayoutTrack.recv` returns 20 ms of `Session.read_output` at the vocoder's 24 kHz, already
 encoded as one mono Opus packet, packet `i` due at `start + i * 20 ms` on the monotonic clock
-(pts `i * 480`: a sample counter, so the schedule never drifts). Encoding here, in the loop, costs
-~0.2 ms a frame of speech; handing aiortc raw frames cost ~0.45 ms of CPU a frame (a thread
-hand-off per frame, a resampling pass to 48 kHz stereo, a stereo encode and a per-sample Python
-loop for the RTP audio level), which made the gateway the bottleneck with a few calls on two
-cores. Silence is not encoded at all: libopus took 0.38 ms for a frame of digital silence (its
-SILK path), and most frames of most calls are silence, so a silent frame leaves as Opus's
-3-byte silent CELT frame (16 calls on two cores: late frames 66 % -> 37 %, the gateway 0.76 ->
-0.64 cores while it served twice the answers). Speech is coded by CELT alone ("lowdelay"): a
-third of the CPU of "voip". One encoder serves the whole call, kept in step with the decoder
-across the silent frames (`_encode`): CELT predicts each frame's band energies from the last
-one's, and a fresh encoder after silence faded every answer in over 100 ms.
+(pts `i * 480`: a sample counter, so the schedule never drifts). The track encodes itself, in the
+event loop, rather than hand aiortc raw frames (a thread hand-off, a resampling to 48 kHz stereo
+and a stereo encode per frame, twice the CPU). A silent frame is not encoded: it leaves as Opus's
+3-byte silent CELT frame (libopus's own coding of digital silence is its costliest frame, and
+most frames of most calls are silence). Speech is coded by CELT alone ("lowdelay"). One encoder
+serves the whole call, kept in step with the decoder across the silent frames (`_encode`): CELT
+predicts each frame's band energies from the last one's, so a fresh encoder after silence would
+fade every answer in. The measurements behind each choice: `benchmarks/README.md`, "Figures
+behind the gateway's code".
 
 The read happens right before the frame is handed to aiortc, so the session's
 `token_to_audio_ms` and `barge_in_to_silence_ms` time the frame leaving. A frame waits for its

@@ -52,9 +52,8 @@ class TurnParams:
     # the VAD and the audio a turn keeps stay on the microphone's own sound. The gate's own
     # waveform comparison already keeps a -6 dB echo (-12 dB on the phone) from pausing the
     # answer, and while no echo path is learnt the canceller's suppressor also damps a person
-    # talking over the far end: where no echo comes back (a headset), an interruption 0.2 s
-    # into an answer went silent 0.7 s after its onset with it, 0.06 s without
-    # (`benchmarks/turns.py`). So it is off by default.
+    # talking over the far end, so an early interruption is silenced later with it than without
+    # (`benchmarks/README.md`, turns.py). So it is off by default.
     echo_gate_aec: bool = False
 
 
