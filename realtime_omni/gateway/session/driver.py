@@ -60,7 +60,8 @@ import numpy as np
 
 from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
-from realtime_omni.gateway.media.audio import INPUT_RATE_HZ, Resampler
+from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
+from realtime_omni.gateway.media.echo_path import EchoPath
 from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.media.playout import Playout, Read
 from realtime_omni.gateway.protocol.conversation import MAX_BYTES, Conversation, Item, Part, new_id
@@ -168,13 +169,8 @@ class Session:
         # Every turn decision: the VAD's, the end-of-turn model's, the echo gate's, speech over
         # the answer, the idle timeout. This driver runs the models and carries them out.
         self.turns = TurnTaker(self._settings.turn_detection, semantic=end_of_turn is not None)
-        self._aec: EchoCanceller | None = None  # made at start() when the settings want one
-        # The echo gate's own canceller (`echo_gate_aec`), where the audio itself is not
-        # cancelled: what it leaves of each window goes beside the window, for the gate to
-        # weigh; the VAD and the input keep the microphone's own sound.
-        self._gate_aec: EchoCanceller | None = None
+        self.echo = EchoPath()  # the cancellers, and the far end they and the gate hear
         self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
-        self._far_resampler: Resampler | None = None  # what was read out, at 16 kHz
         self._windower = Windower()
         self._vad_pending: list[np.ndarray] = []
         self._vad_wake = asyncio.Event()
@@ -206,21 +202,13 @@ class Session:
 
     def _set_echo_cancellation(self) -> None:
         """WebRTC's audio processing on the microphone, as the settings want it: echo
-        cancellation, noise suppression (`noise_reduction`), both or neither."""
-        echo, noise = self.settings.echo_cancellation, self.settings.noise_reduction is not None
-        have = (self._aec.echo, self._aec.noise) if self._aec is not None else (False, False)
-        if (echo, noise) != have:
-            self._aec = EchoCanceller.create(echo, noise) if echo or noise else None
-        # Without a canceller on the audio, the echo gate may still listen through one.
+        cancellation, noise suppression (`noise_reduction`), both or neither; without it, the
+        echo gate may still listen through a canceller of its own."""
         td = self.settings.turn_detection
         turns = td.turns if td is not None else None
-        listen = self._aec is None and turns is not None and turns.echo_gate and turns.echo_gate_aec
-        had = self._gate_aec is not None
-        if not listen:
-            self._gate_aec = None
-        elif self._gate_aec is None and EchoCanceller.available():
-            self._gate_aec = EchoCanceller(echo=True, noise=False)
-        if had != (self._gate_aec is not None):  # the VAD's windows change shape
+        listens = turns is not None and turns.echo_gate and turns.echo_gate_aec
+        echo, noise = self.settings.echo_cancellation, self.settings.noise_reduction is not None
+        if self.echo.configure(echo, noise, listens):  # the VAD's windows change shape
             self._vad_pending.clear()
             self._windower = Windower()
 
@@ -333,13 +321,11 @@ class Session:
     # ---- audio in ----------------------------------------------------------------------
 
     def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
-        x = self.input.push(pcm, rate_hz, self._aec.near if self._aec is not None else None)
+        x = self.input.push(pcm, rate_hz, self.echo.near())
         if len(x):  # when each sample arrived, for the echo gate's clock
             self._arrivals.append((self.input.end, time.monotonic()))
         if len(x) and self.settings.turn_detection is not None:
-            if self._gate_aec is not None:  # whole 10 ms frames: at most 10 ms behind the input
-                x = self._gate_aec.beside(x)
-            self._vad_pending.append(x)
+            self._vad_pending.append(self.echo.beside(x))
             self._vad_wake.set()
 
     def _clear_input(self) -> None:
@@ -546,11 +532,10 @@ class Session:
         """Take the next `n` samples at `output_rate` (fewer without `pad`)."""
         r = self.playout.read(n, pad)
         self.audio_read.set()
-        if (len(r.pcm) or self._far_resampler is not None) and (
-            self.turns.gating or self._aec is not None
-        ):
-            self._far(r)  # an empty read (no `pad`) after an answer hands over the tail too
         now = time.monotonic()
+        self.echo.heard(
+            r, self.playout.rate_hz, self.turns.gate if self.turns.gating else None, now
+        )
         if self._barge_at is not None:
             self._metric("barge_in_to_silence_ms", (now - self._barge_at) * 1e3)
             self._barge_at = None
@@ -564,33 +549,6 @@ class Session:
             if first or cs.queue_was_empty:
                 self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)
         return r
-
-    def _far(self, r: Read) -> None:
-        """Hand what was read out to the echo gate (and the cancellers) at the microphone's
-        rate. Padding alone (no answer playing) is nothing the microphone can hear again: once
-        the resampler has given up its tail, such reads are skipped, which is what most reads
-        of most calls are (the gate counts the time it was not told of as silence, and the
-        resampler starts afresh). The cancellers want a continuous far end, so they get all.
-        A transport that reads without `pad` gets an empty read instead of padding: the tail
-        is handed over then, when the answer ended, not at the next answer's start."""
-        cancelling = self._aec is not None or self._gate_aec is not None
-        if not r.items and not cancelling:
-            if self._far_resampler is not None:
-                tail, self._far_resampler = self._far_resampler.flush(), None
-                if len(tail) and self.turns.gating:
-                    self.turns.gate.far(tail, time.monotonic())
-            return
-        if not len(r.pcm):
-            return
-        # the far end: what the microphone may hear again, at the microphone's rate
-        if self._far_resampler is None or self._far_resampler.src_hz != self.playout.rate_hz:
-            self._far_resampler = Resampler(self.playout.rate_hz, INPUT_RATE_HZ)
-        far = self._far_resampler.process(r.pcm)
-        if self.turns.gating:
-            self.turns.gate.far(far, time.monotonic())
-        for aec in (self._aec, self._gate_aec):
-            if aec is not None:
-                aec.far(far)
 
     def _flush(self, item_id: str | None = None) -> None:
         """Drop what is queued (of one item, or all) and tell the transport."""

@@ -679,10 +679,10 @@ def test_the_echo_gate_listens_through_a_canceller_only_when_asked() -> None:
     async def body() -> None:
         s = Session(FakeCoord())
         await s.start()
-        assert s._gate_aec is None  # off by default: it damps a headset's early interruption
+        assert s.echo.gate_aec is None  # off by default: it damps a headset's early interruption
         td = {"type": "server_vad", "echo_gate_aec": True}
         assert s.configure({"audio": {"input": {"turn_detection": td}}}) == []
-        assert s._gate_aec is not None
+        assert s.echo.gate_aec is not None
         assert s.settings.to_openai(s.id)["audio"]["input"]["turn_detection"]["echo_gate_aec"]
         s.push_audio(np.zeros(1000, np.float32), 16000)
         (chunk,) = s._vad_pending
