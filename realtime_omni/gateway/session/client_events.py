@@ -164,7 +164,7 @@ class ClientEvents:
         if ev.get("content_index", 0) != 0:
             raise ProtocolError("content_index must be 0", param="content_index")
         try:
-            item = self.s.conversation.get(item_id)  # type: ignore[arg-type]
+            item = self.s.conversation.get(_item_id(item_id))
         except KeyError:
             raise ProtocolError(
                 f"item {item_id!r} not found", code="item_not_found", param="item_id"
@@ -188,14 +188,14 @@ class ClientEvents:
 
     async def _item_delete(self, ev: dict[str, Any]) -> None:
         try:
-            self.s.conversation.delete(ev.get("item_id"))  # type: ignore[arg-type]
+            self.s.conversation.delete(_item_id(ev.get("item_id")))
         except KeyError:
             raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
         self.s._deleted(ev["item_id"])
 
     async def _item_retrieve(self, ev: dict[str, Any]) -> None:
         try:
-            item = self.s.conversation.get(ev.get("item_id"))  # type: ignore[arg-type]
+            item = self.s.conversation.get(_item_id(ev.get("item_id")))
         except KeyError:
             raise ProtocolError("item not found", code="item_not_found", param="item_id") from None
         self.s._emit("conversation.item.retrieved", item=item.to_openai())
@@ -224,6 +224,13 @@ class ClientEvents:
                 "Cancellation failed: no active response found", code="response_cancel_not_active"
             )
         await self.s.cancel_response("client_cancelled")
+
+
+def _item_id(value: Any) -> str:
+    """A client's `item_id`; KeyError (no such item) when it is not a string."""
+    if not isinstance(value, str):
+        raise KeyError(value)
+    return value
 
 
 def _error(e: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:

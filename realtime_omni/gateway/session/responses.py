@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
+# A response's `status`, as OpenAI's `response.done` says it.
+Status = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
 
 CODEC_FRAME_MS = 80.0  # one talker codec frame of audio (12.5 Hz)
 
@@ -158,7 +160,7 @@ class Responses:
         self.s._disarm_idle()
         return resp
 
-    def _response_obj(self, resp: _Response, status: str, details: Any = None) -> dict[str, Any]:
+    def _response_obj(self, resp: _Response, status: Status, details: Any = None) -> dict[str, Any]:
         calls = [c.to_openai() for c in resp.calls]
         return {
             "id": resp.id,
@@ -289,7 +291,7 @@ class Responses:
         self.s.audio_written.set()
         resp.item.add_audio(len(pcm) * 1000 / self.s.playout.rate_hz, token_time)
 
-    def _finish(self, resp: _Response, status: str, details: Any) -> None:
+    def _finish(self, resp: _Response, status: Status, details: Any) -> None:
         if self.active is not resp:
             return
         self.active = None
