@@ -42,8 +42,9 @@ event channel, and carries out what its parts decide. Every turn decision (speec
 stop, the end-of-turn model, the echo gate, speech over the answer, the idle timeout) is made by
 `turns/taking.py`'s `TurnTaker`, which this driver feeds with window probabilities and times.
 The client events are `client_events.ClientEvents`, the responses' lifecycle
-`responses.Responses`, the input transcriptions `transcribe.Transcriptions`; each holds its
-session and owns only its own state.
+`responses.Responses` (one response's state and the events it makes: `response.Response`, no
+asyncio), the input transcriptions `transcribe.Transcriptions`; each holds its session and owns
+only its own state.
 """
 
 from __future__ import annotations
@@ -288,7 +289,14 @@ class Session:
             self.on_metric(name, value_ms)
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        event = {"type": kind, **fields}
+        self._send([{"type": kind, **fields}])
+
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        """Server events, in order, to the transport and every listener."""
+        for event in events:
+            self._publish(event)
+
+    def _publish(self, event: dict[str, Any]) -> None:
         self._events.put_nowait(event)
         for q in list(self._listeners):
             if q.full():  # a listener that stopped reading: dropped, its reader sees None
@@ -544,7 +552,7 @@ class Session:
             first = resp is not None and cs.item_id == resp.item.id and resp.first_audio is None
             if first and resp is not None:
                 resp.first_audio = now
-                resp.audible.set()
+                self.responses.audible.set()
                 self._metric("first_audio_ms", (now - resp.turn_end) * 1e3)
             if first or cs.queue_was_empty:
                 self._metric("token_to_audio_ms", (now - cs.token_time) * 1e3)

@@ -12,8 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,58 +22,14 @@ from realtime_omni.gateway.media.playout import Playout, PlayoutFull
 from realtime_omni.gateway.protocol.conversation import Item, new_id
 from realtime_omni.gateway.protocol.events import ProtocolError
 from realtime_omni.gateway.protocol.settings import Tool
-from realtime_omni.gateway.protocol.tool_calls import Call, ToolCallStream
+from realtime_omni.gateway.protocol.tool_calls import Call
+from realtime_omni.gateway.session.response import Response, Status
 from realtime_omni.logs import REQUEST, SESSION
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
-# A response's `status`, as OpenAI's `response.done` says it.
-Status = Literal["in_progress", "completed", "cancelled", "failed", "incomplete"]
-
-CODEC_FRAME_MS = 80.0  # one talker codec frame of audio (12.5 Hz)
-
-
-@dataclass
-class _Response:
-    id: str
-    item: Item
-    payload: dict[str, Any]
-    turn_end: float  # monotonic time the turn ended (speech stop, commit or response.create)
-    task: asyncio.Task[None] | None = None
-    resampler: Resampler | None = None
-    first_audio: float | None = None
-    ending: bool = False  # finishing or cancelling: nothing may start either again
-    muted: bool = False  # barged in or cancelled: audio still arriving is dropped, not queued
-    # Set once its first audio was read out, or it ends without: what waits to go after it.
-    audible: asyncio.Event = field(default_factory=asyncio.Event)
-    overrides: dict[str, Any] = field(default_factory=dict)
-    max_tokens: int | None = None  # the thinker's limit for this response
-    text_only: bool = False  # output_modalities ["text"]: no talker, no audio
-    calls: list[Item] = field(default_factory=list)  # function calls made, in order
-    tool_text: ToolCallStream = field(default_factory=ToolCallStream)
-    text_tokens: int = 0  # the thinker's tokens that came out (decode's outputs)
-    input_tokens: int = 0  # the prompt's, all of it (its first token says)
-    cached_tokens: int = 0  # of which the thinker's kept cache held (not prefilled again)
-
-    def usage(self) -> dict[str, Any]:
-        """OpenAI's `usage`: the thinker's tokens; the talker's audio tokens at Qwen3-Omni's
-        12.5 codec frames a second."""
-        audio = round(self.item.audio_ms / CODEC_FRAME_MS)
-        out = self.text_tokens + audio
-        return {
-            "total_tokens": self.input_tokens + out,
-            "input_tokens": self.input_tokens,
-            "output_tokens": out,
-            "input_token_details": {
-                "text_tokens": self.input_tokens,
-                "audio_tokens": 0,
-                "image_tokens": 0,
-                "cached_tokens": self.cached_tokens,
-            },
-            "output_token_details": {"text_tokens": self.text_tokens, "audio_tokens": audio},
-        }
 
 
 class Responses:
@@ -83,7 +38,11 @@ class Responses:
 
     def __init__(self, session: Session) -> None:
         self.s = session
-        self.active: _Response | None = None
+        self.active: Response | None = None
+        self._task: asyncio.Task[None] | None = None  # the active response's
+        # Set once the active response's first audio was read out, or it ended without: what
+        # waits to go after it (an input transcription) waits on it. A new one per response.
+        self.audible = asyncio.Event()
         self.last_id: str | None = None  # the id of the last response to finish
         self.item_response: dict[str, str] = {}  # item_id -> response id, while active
 
@@ -107,7 +66,7 @@ class Responses:
         self.s.conversation.fit(room, ratio)
         self.s._announce_dropped()
 
-    def start(self, overrides: dict[str, Any], turn_end: float) -> _Response:
+    def start(self, overrides: dict[str, Any], turn_end: float) -> Response:
         if self.active is not None:
             raise ProtocolError(
                 f"the conversation already has an active response ({self.active.id})",
@@ -136,43 +95,19 @@ class Responses:
         )
         item = Item(new_id("item"), "assistant", status="in_progress")
         item.modality = "text" if text_only else "audio"
-        resp = _Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
+        resp = Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
         resp.max_tokens = payload.get("max_tokens")
         resp.text_only = text_only
         self.active = resp
+        self.audible = asyncio.Event()
         self.item_response[item.id] = resp.id
-        self.s._emit("response.created", response=self._response_obj(resp, "in_progress"))
-        self.s._emit("rate_limits.updated", rate_limits=[])  # as OpenAI at a response's start; none
-        prev = self.s._add(item)
-        self.s._emit(
-            "response.output_item.added", response_id=resp.id, output_index=0, item=item.to_openai()
-        )
-        self.s._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
-        self.s._emit(
-            "response.content_part.added",
-            response_id=resp.id,
-            item_id=item.id,
-            output_index=0,
-            content_index=0,
-            part={"type": "text", "text": ""} if text_only else {"type": "audio", "transcript": ""},
-        )
-        resp.task = asyncio.create_task(self._run(resp))
+        self.s._send(resp.opening())
+        self.s._send(resp.item_added(self.s._add(item)))
+        self._task = asyncio.create_task(self._run(resp))
         self.s._disarm_idle()
         return resp
 
-    def _response_obj(self, resp: _Response, status: Status, details: Any = None) -> dict[str, Any]:
-        calls = [c.to_openai() for c in resp.calls]
-        return {
-            "id": resp.id,
-            "object": "realtime.response",
-            "status": status,
-            "status_details": details,
-            "output": [] if status == "in_progress" else [resp.item.to_openai(), *calls],
-            "output_modalities": ["text"] if resp.text_only else ["audio"],
-            "usage": None if status == "in_progress" else resp.usage(),
-        }
-
-    async def _run(self, resp: _Response) -> None:
+    async def _run(self, resp: Response) -> None:
         SESSION.set(self.s.id)
         REQUEST.set(resp.id)  # the pipeline request id: log lines of the response carry it
         try:
@@ -227,13 +162,9 @@ class Responses:
             self.s.audio_read.clear()
             await self.s.audio_read.wait()
 
-    def _on_output(self, resp: _Response, data: dict[str, Any]) -> None:
+    def _on_output(self, resp: Response, data: dict[str, Any]) -> None:
         token_time = data.get("token_time")
-        if "token_id" in data:  # one of the thinker's tokens, through decode
-            resp.text_tokens += 1
-            if "prefill_tokens" in data:  # the first token's: the prompt, as OpenAI counts it
-                resp.cached_tokens = int(data.get("cached_tokens", 0))
-                resp.input_tokens = int(data["prefill_tokens"]) + resp.cached_tokens
+        resp.count(data)
         if "pcm" in data:
             if resp.resampler is None:
                 src = int(data.get("sample_rate_hz", MODEL_RATE_HZ))
@@ -245,79 +176,33 @@ class Responses:
             for piece in resp.tool_text.push(text):
                 self._on_piece(resp, piece, token_time)
 
-    def _on_piece(self, resp: _Response, piece: str | Call, token_time: float | None) -> None:
+    def _on_piece(self, resp: Response, piece: str | Call, token_time: float | None) -> None:
         """Words of the answer, or a function call the model made."""
         if isinstance(piece, Call):
-            self._function_call(resp, piece)
+            item, after = resp.call(piece)
+            self.s._send(resp.call_made(item, piece, self.s._add(item, after)))
             return
-        resp.item.add_text(token_time if token_time is not None else time.monotonic(), piece)
-        kind = "output_text" if resp.text_only else "output_audio_transcript"
-        self.s._emit(
-            f"response.{kind}.delta",
-            response_id=resp.id,
-            item_id=resp.item.id,
-            output_index=0,
-            content_index=0,
-            delta=piece,
-        )
+        self.s._send([resp.text(piece, token_time if token_time is not None else time.monotonic())])
 
-    def _function_call(self, resp: _Response, call: Call) -> None:
-        """A call the model made: an item of its own after the answer's message, its arguments
-        in one delta (the model writes them whole), `completed` at once."""
-        item = Item(new_id("item"), "assistant", type="function_call", status="in_progress")
-        item.call_id, item.name = f"call_{new_id('c')[2:18]}", call.name
-        index = 1 + len(resp.calls)
-        resp.calls.append(item)
-        ids = {"response_id": resp.id, "output_index": index}
-        prev = self.s._add(item, resp.calls[-2].id if len(resp.calls) > 1 else resp.item.id)
-        self.s._emit("response.output_item.added", **ids, item=item.to_openai())
-        self.s._emit("conversation.item.added", previous_item_id=prev, item=item.to_openai())
-        item.arguments, item.status = call.arguments, "completed"
-        args = {**ids, "item_id": item.id, "call_id": item.call_id}
-        self.s._emit("response.function_call_arguments.delta", **args, delta=call.arguments)
-        self.s._emit(
-            "response.function_call_arguments.done",
-            **args,
-            name=item.name,
-            arguments=item.arguments,
-        )
-        self.s._emit("response.output_item.done", **ids, item=item.to_openai())
-        self.s._emit("conversation.item.done", item=item.to_openai())
-
-    def _write_audio(self, resp: _Response, pcm: np.ndarray, token_time: float | None) -> None:
+    def _write_audio(self, resp: Response, pcm: np.ndarray, token_time: float | None) -> None:
         if not len(pcm) or resp.muted:
             return
         self.s.playout.write(resp.item.id, pcm, token_time)
         self.s.audio_written.set()
         resp.item.add_audio(len(pcm) * 1000 / self.s.playout.rate_hz, token_time)
 
-    def _finish(self, resp: _Response, status: Status, details: Any) -> None:
+    def _finish(self, resp: Response, status: Status, details: Any) -> None:
         if self.active is not resp:
             return
         self.active = None
-        resp.audible.set()
+        self.audible.set()
         # Speech that began over the answer is still judged when the answer ends: a blip (the
         # answer's own echo, a cough) is dropped, not taken for a turn; a paused tail stays
         # paused until then (the policy resumes or flushes it).
-        item = resp.item
-        self.item_response.pop(item.id, None)
-        item.status = "completed" if status == "completed" else "incomplete"
+        self.item_response.pop(resp.item.id, None)
         for piece in resp.tool_text.flush():  # text held back for a tag, a call left open
             self._on_piece(resp, piece, None)
-        ids = {"response_id": resp.id, "item_id": item.id, "output_index": 0, "content_index": 0}
-        if resp.text_only:
-            self.s._emit("response.output_text.done", **ids, text=item.transcript)
-            part = {"type": "text", "text": item.transcript}
-        else:
-            self.s._emit("response.output_audio.done", **ids)
-            self.s._emit("response.output_audio_transcript.done", **ids, transcript=item.transcript)
-            part = {"type": "audio", "transcript": item.transcript}
-        self.s._emit("response.content_part.done", **ids, part=part)
-        self.s._emit(
-            "response.output_item.done", response_id=resp.id, output_index=0, item=item.to_openai()
-        )
-        self.s._emit("conversation.item.done", item=item.to_openai())
-        self.s._emit("response.done", response=self._response_obj(resp, status, details))
+        self.s._send(resp.closing(status, details))
         self.last_id = resp.id
         self.s._arm_idle()
 
@@ -341,11 +226,11 @@ class Responses:
         if resp is None or resp.ending:
             return resp is not None
         resp.ending = resp.muted = True
-        resp.audible.set()
+        self.audible.set()
         self.s._flush(resp.item.id)
-        if resp.task is not None:
-            resp.task.cancel()
-            await asyncio.gather(resp.task, return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
         t0 = time.monotonic()
         try:
             await self.s.coord.abort(resp.id)

@@ -67,8 +67,9 @@ class Transcriptions:
     async def _transcribe(self, item: Item) -> None:
         async with self._lock:  # one at a time per session, in turn order
             # The answer's first audio goes first.
-            while (r := self.s.responses.active) is not None and not r.audible.is_set():
-                await r.audible.wait()
+            responses = self.s.responses
+            while responses.active is not None and not responses.audible.is_set():
+                await responses.audible.wait()
             await self._run(item)
 
     async def _run(self, item: Item) -> None:
