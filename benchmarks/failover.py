@@ -86,7 +86,7 @@ async def measure(setup: str, rounds: int) -> list[float]:
         await first_audio(coord)
         for _ in range(rounds):
             if warm:
-                await asyncio.wait_for(coord._spare_ready[VICTIM], 120)
+                await asyncio.wait_for(coord.supervisor.spare_ready[VICTIM], 120)
             pid = coord.pid_of(VICTIM)
             assert pid is not None
             os.kill(pid, signal.SIGKILL)

@@ -139,8 +139,9 @@ async def until_ready(coord: Coordinator, limit_s: float = 180.0) -> None:
     start it) or after `limit_s`."""
     deadline = time.monotonic() + limit_s
     while not coord.ready:
-        if coord._broken or time.monotonic() > deadline:
-            raise RuntimeError(f"the pipeline did not come back: {coord._broken or 'too slow'}")
+        if coord.supervisor.broken or time.monotonic() > deadline:
+            why = coord.supervisor.broken or "too slow"
+            raise RuntimeError(f"the pipeline did not come back: {why}")
         await asyncio.sleep(0.05)
 
 
@@ -155,8 +156,8 @@ async def one_round(coord: Coordinator, c: Cluster, nodes: dict[str, Any], fault
     assert await call(coord), "the warm-up call gave no audio"
     while coord.in_flight:  # its last StageDone
         await asyncio.sleep(0.01)
-    assert coord._ray is not None
-    victim = nodes.pop(coord._ray.where["talker_ar#0"][0])
+    assert coord.supervisor.ray is not None
+    victim = nodes.pop(coord.supervisor.ray.where["talker_ar#0"][0])
     # A long call in flight on each replica (the least busy replica takes a call, #0 of equals).
     # So the dead one is no busier than the others, and the first call after the kill goes to
     # it: the worst case, served only once the coordinator has seen the death.
@@ -168,8 +169,8 @@ async def one_round(coord: Coordinator, c: Cluster, nodes: dict[str, Any], fault
     t0 = time.monotonic()
     frozen = await asyncio.to_thread(fail_node, c, victim, fault)
     while (served := await call(coord)) is None:
-        if coord._broken:
-            raise RuntimeError(f"the pipeline did not come back: {coord._broken}")
+        if coord.supervisor.broken:
+            raise RuntimeError(f"the pipeline did not come back: {coord.supervisor.broken}")
         await asyncio.sleep(0.01)
     failed = await flights[0]
     await asyncio.gather(*flights)

@@ -27,15 +27,15 @@ def parent_of(pid: int | None) -> int:
 def test_stage_processes_are_forks_of_the_fork_server_and_come_back_as_forks() -> None:
     async def body() -> None:
         async with Coordinator(parse_config(simulated_config(FAST))) as coord:
-            assert coord._forks is not None
-            server = coord._forks.proc.pid
+            assert coord.supervisor.forks is not None
+            server = coord.supervisor.forks.proc.pid
             processes = coord.graph.local_processes()
             assert {parent_of(coord.pid_of(p)) for p in processes} == {server}
             victim = "talker_ar#0"
-            old = coord._procs[victim]
+            old = coord.supervisor.procs[victim]
             dead = old.pid
             os.kill(dead, signal.SIGKILL)
-            while victim not in coord._down and coord.pid_of(victim) == dead:
+            while victim not in coord.down and coord.pid_of(victim) == dead:
                 await asyncio.sleep(0.005)  # seen within the monitor's 50 ms
             stream = await coord.submit({"max_tokens": 3})  # waits for the restart
             assert await stream.collect()  # served by the restarted process
@@ -52,7 +52,7 @@ def test_without_the_fork_server_each_stage_process_is_a_child_of_ours() -> None
     async def body() -> None:
         cfg = parse_config(simulated_config(FAST, fork_server=False))
         async with Coordinator(cfg) as coord:
-            assert coord._forks is None
+            assert coord.supervisor.forks is None
             pids = [coord.pid_of(p) for p in coord.graph.local_processes()]
             assert {parent_of(pid) for pid in pids} == {os.getpid()}
 

@@ -83,7 +83,8 @@ def test_twenty_concurrent_requests_complete_in_order() -> None:
             await burst_then_request(coord)
             await unread_outputs_come_back_on_close(coord)
         assert len(list_segments(os.getpid())) == start_segments
-        assert all(proc.poll() is not None for proc in coord._procs.values())  # exited, reaped
+        procs = coord.supervisor.procs.values()
+        assert all(proc.poll() is not None for proc in procs)  # exited, reaped
 
     run(body())
 
@@ -97,7 +98,8 @@ async def burst_then_request(coord: Coordinator) -> None:
     for i in range(n):
         sock.send(m.encode(m.Heartbeat(f"probe#{i}", 0)))
     sock.close(linger=int(timeout(10) * 1000))  # a closed socket still delivers what it queued
-    await until(lambda: sum(p.startswith("probe#") for p in coord._last_beat) == n, "burst")
+    beats = coord.supervisor.last_beat
+    await until(lambda: sum(p.startswith("probe#") for p in beats) == n, "burst")
     await asyncio.sleep(0.2)  # idle: the next messages must wake the loop again
     stream = await coord.submit({"max_tokens": 3})
     check_complete(await stream.collect(), 3)
@@ -469,7 +471,7 @@ def test_stage_processes_take_the_configured_niceness() -> None:
 
     async def body() -> None:
         async with Coordinator(parse_config(cfg)) as coord:
-            procs = list(coord._procs.values())
+            procs = list(coord.supervisor.procs.values())
             assert len(procs) == 7
             assert {psutil.Process(p.pid).nice() for p in procs} == {min(19, base + 7)}
             check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
@@ -540,7 +542,7 @@ def test_forged_garbled_and_truncated_messages_neither_kill_nor_block_a_stage() 
             sock.close()
             ctx.term()
             await asyncio.sleep(timeout(1.0))
-            assert all(p.poll() is None for p in coord._procs.values())
+            assert all(p.poll() is None for p in coord.supervisor.procs.values())
             assert coord.epochs == epochs
             check_complete(await (await coord.submit({"max_tokens": 3})).collect(), 3)
             await all_slots_free(coord)
@@ -564,16 +566,16 @@ def test_a_dead_replica_does_not_cut_short_the_abort_of_a_request_on_another() -
         async with Coordinator(parse_config(cfg)) as coord:
             a = await coord.submit({"max_tokens": 4})
             b = await coord.submit({"max_tokens": 4})
-            ra, rb = (coord._requests[s.request_id].route["talker_ar"] for s in (a, b))
+            ra, rb = (coord.requests[s.request_id].route["talker_ar"] for s in (a, b))
             assert ra != rb, "both requests on one replica: the test shows nothing"
-            frozen = coord._procs[f"talker_ar#{rb}"]
+            frozen = coord.supervisor.procs[f"talker_ar#{rb}"]
             await asyncio.sleep(0.3)  # both streaming
             os.kill(frozen.pid, signal.SIGSTOP)
             try:
                 aborting = asyncio.create_task(coord.abort(b.request_id))
                 await asyncio.sleep(0.3)
                 assert not aborting.done()
-                os.kill(coord._procs[f"talker_ar#{ra}"].pid, signal.SIGKILL)
+                os.kill(coord.supervisor.procs[f"talker_ar#{ra}"].pid, signal.SIGKILL)
                 await asyncio.sleep(0.5)  # the death is seen within 50 ms
                 assert not aborting.done(), "b's abort returned before its replica acked"
             finally:
@@ -615,11 +617,11 @@ def test_a_warm_spare_takes_over_a_killed_stage_at_once() -> None:
 
     async def body() -> None:
         async with Coordinator(parse_config(cfg)) as coord:
-            await asyncio.wait_for(coord._spare_ready["talker_ar#0"], timeout(30))
-            spare_epoch, spare = coord._spares["talker_ar#0"]
+            await asyncio.wait_for(coord.supervisor.spare_ready["talker_ar#0"], timeout(30))
+            spare_epoch, spare = coord.supervisor.spares["talker_ar#0"]
             os.kill(coord.pid_of("talker_ar#0"), signal.SIGKILL)
             t0 = time.monotonic()
-            while "talker_ar#0" not in coord._down and coord.pid_of("talker_ar#0") != spare.pid:
+            while "talker_ar#0" not in coord.down and coord.pid_of("talker_ar#0") != spare.pid:
                 await asyncio.sleep(0.005)
                 assert time.monotonic() - t0 < timeout(2)
             after = await coord.submit({"max_tokens": 6})  # waits while the spare takes over
@@ -628,8 +630,8 @@ def test_a_warm_spare_takes_over_a_killed_stage_at_once() -> None:
             assert coord.pid_of("talker_ar#0") == spare.pid
             assert coord.epochs["talker_ar#0"] == spare_epoch
             assert took < timeout(2.0), took  # no stage start-up in it
-            await asyncio.wait_for(coord._spare_ready["talker_ar#0"], timeout(30))
-            assert coord._spares["talker_ar#0"][1].pid != spare.pid
+            await asyncio.wait_for(coord.supervisor.spare_ready["talker_ar#0"], timeout(30))
+            assert coord.supervisor.spares["talker_ar#0"][1].pid != spare.pid
             again = await coord.submit({"max_tokens": 6})
             check_complete(await again.collect(), 6)
             await all_slots_free(coord)

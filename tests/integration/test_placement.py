@@ -50,7 +50,7 @@ def test_replicas_share_the_load_and_a_request_stays_on_one() -> None:
         async with Coordinator(parse_config(cfg)) as coord:
             assert "talker_ar#1" in coord.graph.processes()
             streams = [await coord.submit({"max_tokens": 10}) for _ in range(6)]
-            routes = [coord._requests[s.request_id].route["talker_ar"] for s in streams]
+            routes = [coord.requests[s.request_id].route["talker_ar"] for s in streams]
             assert sorted(set(routes)) == [0, 1]
             for s in streams:
                 check_complete(await s.collect(), 10)
@@ -142,7 +142,7 @@ def test_a_remote_stage_in_a_step_longer_than_the_heartbeat_timeout_stays_alive(
         try:
             async with Coordinator(parse_config(cfg)) as coord:
                 check_complete(await (await coord.submit({"max_tokens": 4})).collect(), 4)
-                assert not coord._down
+                assert not coord.down
                 await all_slots_free(coord)
         finally:
             remote.kill()
@@ -183,7 +183,7 @@ def test_over_tcp_only_holders_of_the_curve_key_reach_a_stage(
                         sock.close()
                 ctx.term()
                 await asyncio.sleep(timeout(1.0))
-                assert remote.poll() is None and not coord._down
+                assert remote.poll() is None and not coord.down
                 check_complete(await (await coord.submit({"max_tokens": 5})).collect(), 5)
         finally:
             remote.kill()
@@ -204,7 +204,7 @@ def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
 
             async def turn(session: str) -> int:
                 stream = await coord.submit({"max_tokens": 4, "session_id": session})
-                replica = coord._requests[stream.request_id].route["talker_ar"]
+                replica = coord.requests[stream.request_id].route["talker_ar"]
                 check_complete(await stream.collect(), 4)
                 return replica
 
@@ -220,7 +220,7 @@ def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
             busy = await coord.submit(
                 {"max_tokens": 40, "session_id": "sess_x1" if x1 == a else "sess_x2"}
             )
-            assert coord._requests[busy.request_id].route["talker_ar"] == a
+            assert coord.requests[busy.request_id].route["talker_ar"] == a
             assert await turn("sess_a") == a
             await busy.collect()
             # its replica restarted: the cache is gone, so the least busy replica takes it
@@ -232,7 +232,7 @@ def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
             while not coord.ready:
                 await asyncio.sleep(0.05)
             hogs: list = []  # busy work until some of it is on replica `a`, none more elsewhere
-            while not any(coord._requests[h.request_id].route["talker_ar"] == a for h in hogs):
+            while not any(coord.requests[h.request_id].route["talker_ar"] == a for h in hogs):
                 hogs.append(await coord.submit({"max_tokens": 40, "session_id": f"h{len(hogs)}"}))
             assert await turn("sess_a") == 1 - a  # not back to `a`: its new incarnation is empty
             for h in hogs:

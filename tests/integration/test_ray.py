@@ -92,7 +92,7 @@ async def ask(coord: Coordinator, tokens: int = 6) -> str:
 def test_seven_stages_over_three_nodes_serve_and_survive_a_kill(cluster: Any) -> None:
     async def body() -> dict[str, Any]:
         async with Coordinator(ray_config()) as coord:
-            placed = coord._ray
+            placed = coord.supervisor.ray
             assert placed is not None
             nodes = {g: node for g, (node, _) in placed.where.items()}
             hosts = {coord.cfg.stages[s].host for s in coord.cfg.stages}
@@ -159,11 +159,11 @@ def test_stages_on_the_servers_own_node_keep_ipc_and_shared_memory(cluster: Any)
 def test_replicas_on_two_nodes_a_dead_one_fails_only_its_requests(cluster: Any) -> None:
     async def body() -> dict[str, Any]:
         async with Coordinator(ray_config(talkers=2)) as coord:
-            assert coord._ray is not None
-            on = [coord._ray.where[f"talker_ar#{i}"][0] for i in range(2)]
+            assert coord.supervisor.ray is not None
+            on = [coord.supervisor.ray.where[f"talker_ar#{i}"][0] for i in range(2)]
             hosts = coord.cfg.stages["talker_ar"].replica_hosts
             streams = [await coord.submit({"max_tokens": 60}) for _ in range(6)]
-            routes = [coord._requests[s.request_id].route["talker_ar"] for s in streams]
+            routes = [coord.requests[s.request_id].route["talker_ar"] for s in streams]
             await asyncio.sleep(1.0)
             pid = coord.pid_of("talker_ar#1")
             assert pid is not None
@@ -198,9 +198,9 @@ def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
 
     async def body() -> dict[str, Any]:
         async with Coordinator(ray_config()) as coord:
-            assert coord._ray is not None
+            assert coord.supervisor.ray is not None
             assert await ask(coord) == "completed"
-            talker_node, talker_ip = coord._ray.where["talker_ar#0"]
+            talker_node, talker_ip = coord.supervisor.ray.where["talker_ar#0"]
             (node,) = [n for n in nodes.values() if n.node_id == talker_node]
             slow = [asyncio.ensure_future(ask(coord, 80)) for _ in range(3)]
             await asyncio.sleep(1.0)
@@ -214,11 +214,11 @@ def test_a_node_removed_fails_what_was_on_it_and_its_stages_come_back_elsewhere(
             ready, back_s = coord.ready, time.monotonic() - t0
             after = await ask(coord) if ready else "not ready"
             pid = coord.pid_of("talker_ar#0")
-            moved = coord._procs["talker_ar#0"].node_id  # type: ignore[union-attr]
+            moved = coord.supervisor.procs["talker_ar#0"].node_id  # type: ignore[union-attr]
             return {"lost": lost, "ready": ready, "after": after, "pid": pid,
                     "from": talker_node, "to": moved, "back_s": back_s,
                     "ip": (talker_ip, coord.graph.address_of("talker_ar#0")),
-                    "broken": dict(coord._broken)}  # fmt: skip
+                    "broken": dict(coord.supervisor.broken)}  # fmt: skip
 
     r = run(body(), limit_s=240)
     assert set(r["lost"]) == {"StageDied"}, r
@@ -245,20 +245,20 @@ def test_a_node_killed_outright_its_standby_replica_takes_the_next_call(cluster:
 
     async def body() -> dict[str, Any]:
         async with Coordinator(ray_config(talkers=2)) as coord:
-            assert coord._ray is not None and await ask(coord) == "completed"
-            where = coord._ray.where
+            assert coord.supervisor.ray is not None and await ask(coord) == "completed"
+            where = coord.supervisor.ray.where
             # the replica whose node does not also hold code2wav (one process, not replicated)
             (victim,) = [f"talker_ar#{i}" for i in (0, 1)
                          if where[f"talker_ar#{i}"][0] != where["code2wav#0"][0]]  # fmt: skip
             (node,) = [n for n in c.worker_nodes if n.node_id == where[victim][0]]
             await asyncio.to_thread(c.remove_node, node, False)
-            while victim not in coord._down:
+            while victim not in coord.down:
                 await asyncio.sleep(0.05)
             stream = await within(coord.submit({"max_tokens": 6}), timeout(30))
-            route = coord._requests[stream.request_id].route["talker_ar"]
+            route = coord.requests[stream.request_id].route["talker_ar"]
             got = await within(stream.collect(), timeout(30))
             return {"victim": victim, "route": route, "audio": "code2wav" in got,
-                    "down": sorted(coord._down)}  # fmt: skip
+                    "down": sorted(coord.down)}  # fmt: skip
 
     r = run(body(), limit_s=120)
     assert r["route"] != int(r["victim"][-1]) and r["audio"], r  # on the standby, to the end
