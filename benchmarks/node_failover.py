@@ -50,7 +50,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from realtime_omni.errors import RequestError  # noqa: E402
+from realtime_omni.errors import RequestError, StageDied  # noqa: E402
 from realtime_omni.pipeline.config import PipelineConfig, parse_config  # noqa: E402
 from realtime_omni.pipeline.coordinator import Coordinator  # noqa: E402
 from tests.conftest import free_port_block  # noqa: E402
@@ -129,7 +129,7 @@ async def call(coord: Coordinator, max_tokens: int = 6) -> float | None:
         async for out in await coord.submit({"max_tokens": max_tokens}):
             if out.stage == "code2wav" and first is None:
                 first = time.monotonic()
-    except RequestError:
+    except (RequestError, StageDied):
         return None
     return first
 

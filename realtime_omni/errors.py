@@ -1,5 +1,7 @@
-"""One exception root. A `RequestError` fails one request and the others go on; a `StageDied`
-is fatal to the requests that were on the dead stage; a `ConfigError` stops the server at load."""
+"""One exception root, `OmniError`. A `RequestError` fails one request and the others go on; a
+`StageDied` (a sibling, not a kind of `RequestError`) is fatal to every request that was on the
+dead stage; a `ConfigError` stops the server at load. Where either ends the one request in hand,
+catch both: `except (RequestError, StageDied)`."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ class RequestError(OmniError):
     """One request failed (bad input, an executor error); the pipeline and other requests live."""
 
 
-class StageDied(RequestError):
-    """The process of a stage died while the request still needed it."""
+class StageDied(OmniError):
+    """The process of a stage died while the request still needed it: every request on it
+    fails, and the stage is restarted (a warm spare takes over, where there is one)."""
 
 
 class RequestAborted(RequestError):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from realtime_omni.aio import within
-from realtime_omni.errors import RequestError
+from realtime_omni.errors import RequestError, StageDied
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
 from tests.conftest import ROOT, free_port_block, run, timeout
@@ -85,7 +85,7 @@ async def ask(coord: Coordinator, tokens: int = 6) -> str:
         stream = await coord.submit({"max_tokens": tokens})
         got = [o async for o in stream]
         return "completed" if got else "empty"
-    except RequestError as e:
+    except (RequestError, StageDied) as e:
         return type(e).__name__
 
 
@@ -173,7 +173,7 @@ def test_replicas_on_two_nodes_a_dead_one_fails_only_its_requests(cluster: Any) 
                 try:
                     await stream.collect()
                     return "completed"
-                except RequestError as e:
+                except (RequestError, StageDied) as e:
                     return type(e).__name__
 
             outcomes = await asyncio.gather(*(outcome(s) for s in streams))
