@@ -8,7 +8,7 @@ import pytest
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.media.playout import PlayoutFull
 from realtime_omni.gateway.protocol.events import ProtocolError
-from realtime_omni.gateway.transports.media_stream import BadMessage
+from realtime_omni.gateway.transports.dialects import BadMessage
 from realtime_omni.gateway.transports.webrtc import SignallingError
 from realtime_omni.pipeline.messages import Malformed
 

@@ -9,7 +9,8 @@ import pytest
 from realtime_omni.errors import ConfigError
 from realtime_omni.gateway.config import PhoneConfig, SipConfig, _section, merge
 from realtime_omni.gateway.media.audio import Resampler, resample, ulaw_decode, ulaw_encode
-from realtime_omni.gateway.transports.media_stream import DIALECTS, BadMessage, Heard
+from realtime_omni.gateway.transports.dialects import DIALECTS, BadMessage
+from realtime_omni.gateway.transports.media_stream import Heard
 
 
 def test_each_dialect_reads_its_providers_start() -> None:
