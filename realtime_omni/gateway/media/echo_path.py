@@ -19,8 +19,9 @@ from collections.abc import Callable
 import numpy as np
 
 from realtime_omni.gateway.media.audio import INPUT_RATE_HZ, Resampler
+from realtime_omni.gateway.media.echo_canceller import EchoCanceller
 from realtime_omni.gateway.media.playout import Read
-from realtime_omni.gateway.turns.echo import EchoCanceller, EchoGate
+from realtime_omni.gateway.turns.echo import EchoGate
 
 
 class EchoPath:

@@ -163,8 +163,9 @@ class Settings:
     tools: tuple[Tool, ...] = ()
     tool_choice: str | Mapping[str, Any] = "auto"  # auto | none | required | {type, name}
     tracing: Any = None  # kept and shown; nothing is traced
-    # WebRTC's echo canceller on the microphone's audio (gateway/turns/echo.py; needs `livekit`): an
-    # extension field, `audio.input.echo_cancellation` (beta: `input_audio_echo_cancellation`).
+    # WebRTC's echo canceller on the microphone's audio (gateway/media/echo_canceller.py; needs
+    # `livekit`): an extension field, `audio.input.echo_cancellation` (beta:
+    # `input_audio_echo_cancellation`).
     # Off by default: with no echo path (a phone, a headset, a browser cancelling echo itself)
     # it still damps the person talking over the bot by 5-18 dB for seconds, which turn-taking
     # cannot afford; the echo gate (turn_detection.echo_gate) keeps the bot's echo from

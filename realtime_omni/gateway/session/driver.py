@@ -62,6 +62,7 @@ import numpy as np
 from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
+from realtime_omni.gateway.media.echo_canceller import EchoCanceller
 from realtime_omni.gateway.media.echo_path import EchoPath
 from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.media.playout import Playout, Read
@@ -71,7 +72,6 @@ from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_sess
 from realtime_omni.gateway.session.client_events import ClientEvents, _error
 from realtime_omni.gateway.session.responses import Responses
 from realtime_omni.gateway.session.transcribe import Transcriptions
-from realtime_omni.gateway.turns.echo import EchoCanceller
 from realtime_omni.gateway.turns.end_of_turn import Ask
 from realtime_omni.gateway.turns.taking import (
     Action,

@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
+from realtime_omni.gateway.media.echo_canceller import EchoCanceller
 from realtime_omni.gateway.protocol.events import ProtocolError, loads
 from realtime_omni.gateway.protocol.settings import Settings, apply_session_update
 from realtime_omni.gateway.transports.webrtc import (
@@ -45,7 +46,6 @@ from realtime_omni.gateway.transports.webrtc import (
     read_bytes,
     sdp_answer,
 )
-from realtime_omni.gateway.turns.echo import EchoCanceller
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.host import Host

@@ -8,7 +8,8 @@ import pytest
 
 from realtime_omni.clients.webrtc import espeak
 from realtime_omni.gateway.media.audio import resample, ulaw_decode, ulaw_encode
-from realtime_omni.gateway.turns.echo import ECHO_CORRELATION, EchoCanceller, EchoGate
+from realtime_omni.gateway.media.echo_canceller import EchoCanceller
+from realtime_omni.gateway.turns.echo import ECHO_CORRELATION, EchoGate
 from realtime_omni.gateway.turns.policy import TurnParams
 from realtime_omni.gateway.turns.vad import Windower
 
