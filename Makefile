@@ -28,9 +28,11 @@ $(CLIENTS)/pipecat/bin/python:
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy realtime_omni
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy realtime_omni
 	$(BIN)/python -m pytest -q
 
 # The gateway on http://127.0.0.1:8000 (OpenAI Realtime WebSocket at /v1/realtime).
