@@ -36,7 +36,8 @@ from realtime_omni.pipeline.worker import ARGS_ENV, WorkerArgs
 log = logging.getLogger(__name__)
 LocalProcess = subprocess.Popen[bytes] | Forked  # a stage process started here
 _MONITOR_S = 0.05  # the monitor thread's longest wait between checks of remote silence
-_STARTUP_ERROR_S = 0.5  # how long a process that exited at start may take to say why
+_STARTUP_ERROR_S = 3.0  # how long a process that exited at start may take to say why (its
+# StageError leaves with a 2 s linger; 0.5 s was too short for a loaded machine: CI saw it)
 
 
 class Host(Protocol):
