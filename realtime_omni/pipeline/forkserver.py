@@ -99,13 +99,9 @@ class ForkServer:
         """Messages until one with `key` (for "exit", about `pid`); exits are kept on the way."""
         self.sock.settimeout(timeout)
         while True:
-            while b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
-                msg = json.loads(line)
-                if "exit" in msg:
-                    self._exits[int(msg["exit"])] = int(msg["code"])
+            while (msg := self._next_message()) is not None:
                 if key in msg and (pid is None or msg.get(key) == pid):
-                    return dict(msg)
+                    return msg
             chunk = self.sock.recv(65536)
             if not chunk:
                 raise OSError(f"the fork server exited (code {self.proc.poll()})")
@@ -120,11 +116,18 @@ class ForkServer:
             pass
         finally:
             self.sock.setblocking(True)
-        while b"\n" in self._buf:
-            line, self._buf = self._buf.split(b"\n", 1)
-            msg = json.loads(line)
-            if "exit" in msg:
-                self._exits[int(msg["exit"])] = int(msg["code"])
+        while self._next_message() is not None:
+            pass
+
+    def _next_message(self) -> dict[str, Any] | None:
+        """The next whole message read, an exit report kept on the way; None: none yet."""
+        if b"\n" not in self._buf:
+            return None
+        line, self._buf = self._buf.split(b"\n", 1)
+        msg = dict(json.loads(line))
+        if "exit" in msg:
+            self._exits[int(msg["exit"])] = int(msg["code"])
+        return msg
 
 
 class Forked:
