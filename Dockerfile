@@ -28,6 +28,12 @@ COPY web ./web
 # Editable: the package finds configs/ and its .cache/ (the tiny model) beside it in /app.
 RUN pip install -e ".[$EXTRAS]"
 
+# Smart Turn v3.2 (BSD 2-clause) out of the pipecat-ai wheel the Makefile pins, checked by its
+# sha256, where the server finds it: semantic_vad then ends a turn when it sounds complete.
+RUN pip download -q --no-deps -d /tmp/pipecat "pipecat-ai==1.14.0" \
+    && python -m realtime_omni.models.smart_turn install /tmp/pipecat/pipecat_ai-1.14.0-py3-none-any.whl \
+    && rm -rf /tmp/pipecat
+
 # The tiny model is built here once, so a container starts without building it.
 RUN python -c "from realtime_omni.models.qwen3_omni.tiny import ensure_tiny; ensure_tiny(0)"
 

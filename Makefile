@@ -14,8 +14,13 @@ $(BIN)/python:
 # websockets pins clash with openai[realtime]'s): tests/e2e/clients/.
 CLIENTS := .cache/venvs
 
+# Smart Turn v3.2's model (BSD 2-clause) out of the pinned pipecat-ai wheel, checked by its
+# sha256, into .cache/models/smart_turn/, where the server finds it (realtime.smart_turn_dir).
+SMART_TURN_SRC := $(CLIENTS)/pipecat/lib/python3*/site-packages/pipecat/audio/turn/smart_turn/data
+
 install: $(BIN)/python $(CLIENTS)/agents/bin/python $(CLIENTS)/pipecat/bin/python
 	$(BIN)/pip install -q -e ".[test,sip,aec,ray,mooncake]"
+	$(BIN)/python -m realtime_omni.models.smart_turn install $(SMART_TURN_SRC)
 
 $(CLIENTS)/agents/bin/python:
 	$(PY) -m venv $(CLIENTS)/agents

@@ -41,7 +41,7 @@ $("error-close").addEventListener("click", clearError);
 $("clear").addEventListener("click", clearTranscript);
 $("composer").addEventListener("submit", sendText);
 $("settings").addEventListener("submit", (e) => e.preventDefault());
-for (const id of ["voice", "vad", "interrupt", "threshold", "silence", "prefix"]) {
+for (const id of ["voice", "vad", "semantic", "interrupt", "threshold", "silence", "prefix"]) {
   $(id).addEventListener("change", settingsChanged);
 }
 for (const id of ["threshold", "silence", "prefix"]) $(id).addEventListener("input", showLabels);

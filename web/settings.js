@@ -10,12 +10,15 @@ const SETTINGS_DEBOUNCE_MS = 150; // a burst of changes goes out as one session.
 let applyingSession = false; // reflecting server settings into the form: do not send them back
 let settingsTimer = null;
 
+// Smart Turn on: OpenAI's semantic_vad, which the server decides with Smart Turn's model (or, on a
+// server without it, a silence set by the eagerness); off: server_vad and the silence slider.
 function turnDetection() {
   if (!$("vad").checked) return null;
+  const semantic = $("semantic").checked;
   return {
-    type: "server_vad",
+    type: semantic ? "semantic_vad" : "server_vad",
+    ...(semantic ? { eagerness: "auto" } : { silence_duration_ms: Number($("silence").value) }),
     threshold: Number($("threshold").value),
-    silence_duration_ms: Number($("silence").value),
     prefix_padding_ms: Number($("prefix").value),
     create_response: true,
     interrupt_response: $("interrupt").checked,
@@ -38,6 +41,7 @@ export function sendSettings() {
 
 export function settingsChanged() {
   showLabels();
+  document.querySelector(".silence-row").classList.toggle("unused", $("semantic").checked);
   applyPttMode();
   if (applyingSession || !omni.channelOpen) return;
   clearTimeout(settingsTimer);
@@ -62,6 +66,7 @@ export function reflectSession(s) {
   if (td !== undefined) {
     $("vad").checked = td !== null;
     if (td) {
+      $("semantic").checked = td.type === "semantic_vad";
       if (td.threshold != null) $("threshold").value = td.threshold;
       if (td.silence_duration_ms != null) $("silence").value = td.silence_duration_ms;
       if (td.prefix_padding_ms != null) $("prefix").value = td.prefix_padding_ms;

