@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 
 MAX_ITEMS = 256  # older items are dropped from the context past this
+# `previous_item_id` that puts an item first (OpenAI's word; LiveKit's plugin sends it for the
+# first item of a chat context it mirrors).
+ROOT = "root"
 
 
 def new_id(prefix: str) -> str:
@@ -124,9 +127,12 @@ class Conversation:
         self.dropped: list[str] = []
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
-        """Insert after `previous_item_id` (default: at the end); returns the id it follows."""
+        """Insert after `previous_item_id` (default: at the end; `"root"`: first, as OpenAI's);
+        returns the id it follows, None when first."""
         at = len(self.items)
-        if previous_item_id is not None:
+        if previous_item_id == ROOT:
+            at = 0
+        elif previous_item_id is not None:
             at = self.index(previous_item_id) + 1
         prev = self.items[at - 1].id if at > 0 else None
         self.items.insert(at, item)

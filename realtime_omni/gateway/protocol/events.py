@@ -130,6 +130,37 @@ def decode_b64(data: Any, param: str) -> bytes:
 
 _B64_PIECE = 1 << 19  # characters, a multiple of 4
 
+# OpenAI's limits on a `metadata` object (the same for responses as for its other objects).
+METADATA_MAX_KEYS = 16
+METADATA_MAX_KEY_CHARS = 64
+METADATA_MAX_VALUE_CHARS = 512
+
+
+def parse_metadata(value: Any, param: str) -> dict[str, str] | None:
+    """`response.create`'s `metadata`: up to 16 string pairs (keys of at most 64 characters,
+    values of 512) that the response carries back unchanged in its `response.created` and
+    `response.done`; clients match a response to their request by them (LiveKit's plugin sends
+    `{"client_event_id": ...}` and waits for it)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > METADATA_MAX_KEYS:
+        raise ProtocolError(
+            f"{param} must be an object of at most {METADATA_MAX_KEYS} string pairs", param=param
+        )
+    for k, v in value.items():
+        if len(k) > METADATA_MAX_KEY_CHARS or not isinstance(v, str):
+            raise ProtocolError(
+                f"{param}[{k[:METADATA_MAX_KEY_CHARS]!r}]: keys are strings of at most "
+                f"{METADATA_MAX_KEY_CHARS} characters, values strings",
+                param=param,
+            )
+        if len(v) > METADATA_MAX_VALUE_CHARS:
+            raise ProtocolError(
+                f"{param}[{k!r}] is longer than {METADATA_MAX_VALUE_CHARS} characters",
+                param=param,
+            )
+    return dict(value)
+
 
 def event_id() -> str:
     return f"event_{uuid.uuid4().hex[:20]}"

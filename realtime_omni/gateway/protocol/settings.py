@@ -286,6 +286,17 @@ class _Fields:
 
 
 _MISSING = object()
+# The fields whose null is a setting (off); any other field's null leaves it as it is.
+NULL_MEANS_OFF = frozenset(
+    {
+        "turn_detection",
+        "transcription",
+        "noise_reduction",
+        "tracing",
+        "input_audio_transcription",
+        "input_audio_noise_reduction",
+    }
+)
 
 
 def _int_field(v: dict[str, Any], key: str, param: str) -> int:
@@ -426,20 +437,24 @@ def apply_session_update(
     session: Any,
     voices: Voices | None = None,
     noise_suppressor: bool = False,
+    where: str = "session",
 ) -> tuple[Settings, list[ProtocolError]]:
     """`session.update`'s `session` object (GA nested or beta flat) applied to `s`: the new
-    settings, and one error per field refused (the others are applied)."""
+    settings, and one error per field refused (the others are applied). `where` names the
+    object in errors (`response` for `response.create`'s). A field that is null is left as it
+    is, as OpenAI does (its SDK's models send `instructions: null` for "not set"), except where
+    null means off (`NULL_MEANS_OFF`)."""
     if not isinstance(session, dict):
-        raise ProtocolError("session must be an object", param="session")
+        raise ProtocolError(f"{where} must be an object", param=where)
     voices = voices or Voices()
     f = _Fields()
     changes: dict[str, Any] = {}
     Parse = Callable[[Any, str], Any]
 
-    def take(obj: dict[str, Any], where: str, fields: list[tuple[str, str, Parse]]) -> None:
+    def take(obj: dict[str, Any], at: str, fields: list[tuple[str, str, Parse]]) -> None:
         for key, into, fn in fields:
-            if key in obj:
-                x = f.take(partial(fn, obj[key], f"{where}.{key}"))
+            if key in obj and (obj[key] is not None or key in NULL_MEANS_OFF):
+                x = f.take(partial(fn, obj[key], f"{at}.{key}"))
                 if x is not _MISSING:
                     changes[into] = x
 
@@ -451,10 +466,10 @@ def apply_session_update(
 
     kind = session.get("type", "realtime")
     if kind != "realtime":
-        f.refused.append(_unsupported("session.type", f"{kind!r}: only realtime sessions"))
+        f.refused.append(_unsupported(f"{where}.type", f"{kind!r}: only realtime sessions"))
     take(
         session,
-        "session",
+        where,
         [
             ("model", "model", _string),
             ("instructions", "instructions", _string),
@@ -482,18 +497,18 @@ def apply_session_update(
         ("include", "no extra outputs can be included"),
     ):
         if session.get(key) is not None:
-            f.refused.append(_unsupported(f"session.{key}", why))
+            f.refused.append(_unsupported(f"{where}.{key}", why))
     a = session.get("audio")
     if a is not None and not isinstance(a, dict):
-        f.refused.append(ProtocolError("session.audio must be an object", param="session.audio"))
+        f.refused.append(ProtocolError(f"{where}.audio must be an object", param=f"{where}.audio"))
     elif a is not None:
         inp, out = a.get("input") or {}, a.get("output") or {}
-        for obj, where in ((inp, "session.audio.input"), (out, "session.audio.output")):
+        for obj, at in ((inp, f"{where}.audio.input"), (out, f"{where}.audio.output")):
             if not isinstance(obj, dict):
-                f.refused.append(ProtocolError(f"{where} must be an object", param=where))
+                f.refused.append(ProtocolError(f"{at} must be an object", param=at))
         take(
             inp if isinstance(inp, dict) else {},
-            "session.audio.input",
+            f"{where}.audio.input",
             [
                 ("format", "input_format", parse_format),
                 ("echo_cancellation", "echo_cancellation", _flag),
@@ -504,15 +519,15 @@ def apply_session_update(
         )
         take(
             out if isinstance(out, dict) else {},
-            "session.audio.output",
+            f"{where}.audio.output",
             [("format", "output_format", parse_format), ("voice", "voice", voices.check)],
         )
-    for obj, where in (
-        (session, "session"),
-        ((a.get("output") if isinstance(a, dict) else None) or {}, "session.audio.output"),
+    for obj, at in (
+        (session, where),
+        ((a.get("output") if isinstance(a, dict) else None) or {}, f"{where}.audio.output"),
     ):
         if isinstance(obj, dict) and obj.get("speed") not in (None, 1, 1.0):
-            f.refused.append(_unsupported(f"{where}.speed", "the talker speaks at one pace (1.0)"))
+            f.refused.append(_unsupported(f"{at}.speed", "the talker speaks at one pace (1.0)"))
     return replace(s, **changes), f.refused
 
 

@@ -125,3 +125,15 @@ def test_text_counts_in_what_a_conversation_may_hold() -> None:
     conv.add(call)
     assert [it.id for it in conv.items] == [*ids[-2:], call.id]  # 900 KiB: three fit
     assert conv.take_dropped() == ids[:-2]
+
+
+def test_root_puts_an_item_first_as_openai_does() -> None:
+    """LiveKit's plugin creates the first item of the chat context it mirrors with
+    `previous_item_id: "root"`; it was refused as an unknown item."""
+    c = Conversation()
+    assert c.add(Item("u1", "user"), previous_item_id="root") is None
+    c.add(Item("u2", "user"))
+    assert c.add(Item("u0", "user"), previous_item_id="root") is None  # first, before u1
+    assert [i.id for i in c.items] == ["u0", "u1", "u2"]
+    with pytest.raises(KeyError):
+        c.add(Item("u3", "user"), previous_item_id="nowhere")

@@ -225,3 +225,54 @@ def test_an_image_is_judged_by_its_header_before_it_is_decoded() -> None:
     Image.new("RGB", (2000, 1000), (200, 10, 10)).save(png, "PNG")
     image = parse_item(_image_item(png.getvalue()), PCM16).parts[0].image
     assert image is not None and image.shape == (640, 1280, 3)
+
+
+def test_a_null_field_is_left_as_it_is_unless_null_turns_it_off() -> None:
+    """OpenAI's SDK models send a field set to None as null: LiveKit's `response.create` carries
+    `instructions: null` (no override), which was refused as "must be a string"."""
+    s = apply_session_update(
+        Settings(), {"instructions": "be brief", "voice": "ash", "max_output_tokens": 50}
+    )
+    nulls = {
+        "instructions": None,
+        "voice": None,
+        "temperature": None,
+        "max_output_tokens": None,
+        "tool_choice": None,
+        "tools": None,
+        "output_modalities": None,
+        "truncation": None,
+        "audio": {"output": {"voice": None, "format": None}, "input": {"format": None}},
+    }
+    assert apply_session_update(s, nulls) == s
+    off = {"audio": {"input": {"turn_detection": None, "transcription": None}}, "tracing": None}
+    s = apply_session_update(
+        apply_session_update(s, {"input_audio_transcription": {"model": "whisper-1"}}), off
+    )
+    assert s.turn_detection is None and s.transcription is None and s.tracing is None
+
+
+def test_a_response_creates_refusals_name_the_response() -> None:
+    _, refused = apply_with_errors(
+        Settings(), {"instructions": 5, "voice": "nobody"}, where="response"
+    )
+    assert sorted(str(e.param) for e in refused) == ["response.instructions", "response.voice"]
+
+
+def test_response_metadata_is_up_to_16_string_pairs() -> None:
+    from realtime_omni.gateway.protocol.events import parse_metadata
+
+    assert parse_metadata({"client_event_id": "response_create_1"}, "m") == {
+        "client_event_id": "response_create_1"
+    }
+    assert parse_metadata(None, "m") is None
+    for bad in (
+        "x",
+        {"n": 1},
+        {str(i): "v" for i in range(17)},
+        {"k" * 65: "v"},
+        {"k": "v" * 513},
+    ):
+        with pytest.raises(ProtocolError) as e:
+            parse_metadata(bad, "response.metadata")
+        assert e.value.param == "response.metadata"
