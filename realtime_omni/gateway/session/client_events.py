@@ -19,6 +19,7 @@ from realtime_omni.gateway.protocol.events import (
     error_event,
     loads,
     parse_item,
+    parse_metadata,
 )
 from realtime_omni.gateway.protocol.settings import apply_session_update
 
@@ -208,12 +209,15 @@ class ClientEvents:
         if spec:
             # A response's own settings: refused whole if a field is, so that no response
             # starts other than asked.
-            s, refused = apply_session_update(self.s.settings, spec, self.s.voices)
+            s, refused = apply_session_update(
+                self.s.settings, spec, self.s.voices, where="response"
+            )
             if refused:
                 raise refused[0]
             for key in RESPONSE_FIELDS:
                 if getattr(s, key) != getattr(self.s.settings, key):
                     over[key] = getattr(s, key)
+            over["metadata"] = parse_metadata(spec.get("metadata"), "response.metadata")
         self.s.responses.start(over, time.monotonic())
 
     async def _response_cancel(self, ev: dict[str, Any]) -> None:

@@ -76,6 +76,7 @@ class Response:
             "output": [] if status == "in_progress" else [self.item.to_openai(), *calls],
             "output_modalities": ["text"] if self.text_only else ["audio"],
             "usage": None if status == "in_progress" else self.usage(),
+            "metadata": self.overrides.get("metadata"),  # response.create's, echoed
         }
 
     def opening(self) -> list[Event]:
