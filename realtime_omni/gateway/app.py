@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -371,8 +372,6 @@ async def serve(
     pipeline: PipelineConfig, host: str, port: int, config: GatewayConfig | None = None
 ) -> None:
     """Run the app on uvicorn until SIGINT/SIGTERM; prints one line with the URL when ready."""
-    import socket
-
     from realtime_omni.pipeline.worker import freeze_start_up
 
     try:  # fail now, not after the stage processes took their time to start
@@ -406,8 +405,9 @@ async def serve(
         ),
     )
     task = asyncio.create_task(server.serve())
-    while not server.started and not task.done():
-        await asyncio.sleep(0.05)
+    up = asyncio.create_task(server.up.wait())
+    await asyncio.wait([task, up], return_when=asyncio.FIRST_COMPLETED)  # a failed start ends it
+    up.cancel()
     if server.started:
         server.loop = asyncio.get_running_loop()
         # The VAD model, aiortc and the coordinator: ~200k objects, whose full pass took ~170 ms
@@ -441,6 +441,12 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.gw, self.calls, self.drain_s = gw, calls, drain_s
         self.loop: asyncio.AbstractEventLoop | None = None  # set once serving
+        self.up = asyncio.Event()  # set once listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.up.set()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if sig != signal.SIGTERM or self.gw.draining or self.loop is None or self.drain_s <= 0:
@@ -464,7 +470,7 @@ class _DrainingServer(uvicorn.Server):
         while self.gw.sessions and time.monotonic() < deadline and not self.should_exit:
             if quiet_s > 0:
                 self.calls.end_silent(quiet_s)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # a tick: calls end by themselves, or silent on this clock
         if self.gw.sessions:
             log.warning(
                 "drain: %d session(s) live at the deadline; ending them", len(self.gw.sessions)

@@ -107,8 +107,12 @@ class RayProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        """As `Popen.wait`: the exit code, or `subprocess.TimeoutExpired` after `timeout`."""
         if self.returncode is None:
-            self._ray.wait([self.exited], timeout=timeout)
+            done, _ = self._ray.wait([self.exited], timeout=timeout)
+            if not done:
+                what = f"ray stage process {self.pid} on {self.node_id}"
+                raise subprocess.TimeoutExpired(what, timeout or 0)
             self._collect()
         assert self.returncode is not None
         return self.returncode

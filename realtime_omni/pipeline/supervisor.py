@@ -377,6 +377,26 @@ class Supervisor:
 
     # ---- stop --------------------------------------------------------------------------
 
+    async def _exit(self, proc: LocalProcess | RayProcess) -> None:
+        """Until `proc` has exited: its pidfd read on the loop, or its Ray actor's `wait`."""
+        if proc.poll() is not None:
+            return
+        if isinstance(proc, RayProcess):
+            with contextlib.suppress(Exception):
+                await proc.exited
+            return
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except ProcessLookupError:
+            return
+        exited = asyncio.Event()
+        self.loop.add_reader(fd, exited.set)
+        try:
+            await exited.wait()
+        finally:
+            self.loop.remove_reader(fd)
+            os.close(fd)
+
     def stop_watching(self) -> None:
         self.closing = True
         self._stop_monitor.set()
@@ -389,10 +409,10 @@ class Supervisor:
                 self.host.send(p, m.Shutdown())
         for _, spare in self.spares.values():
             spare.terminate()  # loaded and idle: nothing to finish
-        deadline = time.monotonic() + 5
-        for proc in [*self.procs.values(), *(s for _, s in self.spares.values())]:
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
+        procs = [*self.procs.values(), *(s for _, s in self.spares.values())]
+        with contextlib.suppress(TimeoutError):
+            await within(asyncio.gather(*(self._exit(p) for p in procs)), 5.0)
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=5)

@@ -121,6 +121,7 @@ class PhoneCall:
         self.start: Start | None = None
         self.session: Session | None = None
         self.heard = Heard()
+        self._marked = asyncio.Event()  # set on every mark the provider echoes
         self._sent: dict[str, int] = {}  # item -> samples sent
         self._clear = False  # a clear is due
         self._flushes = 0
@@ -159,6 +160,12 @@ class PhoneCall:
 
     # ---- the call --------------------------------------------------------------------------
 
+    async def _all_heard(self) -> None:
+        """Until the provider has echoed the mark of everything sent."""
+        while self.heard.pending:
+            self._marked.clear()
+            await self._marked.wait()
+
     async def run(self) -> None:
         await self.ws.accept()
         tasks: list[asyncio.Task[Any]] = []
@@ -173,9 +180,9 @@ class PhoneCall:
             ]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if tasks[1] in done:  # idle: let the provider play what it holds, then close
-                deadline = time.monotonic() + 2 * self.config.lead_ms / 1000 + 0.5
-                while self.heard.pending and not tasks[2].done() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.02)
+                played = asyncio.create_task(self._all_heard())
+                await asyncio.wait([played, tasks[2]], timeout=2 * self.config.lead_ms / 1000 + 0.5)
+                played.cancel()
             for t in done:
                 exc = None if t.cancelled() else t.exception()
                 if exc is not None and not isinstance(exc, WebSocketDisconnect | TimeoutError):
@@ -282,6 +289,7 @@ class PhoneCall:
                 s.push_audio(self._decode(data), RATE_HZ)
             elif ev.kind == "mark":
                 self.heard.echoed(ev.payload)
+                self._marked.set()
                 if any(name == ev.payload for name, _, _ in self._unheard):
                     while self._unheard and self._unheard.popleft()[0] != ev.payload:
                         pass  # played: no longer to give back

@@ -96,6 +96,8 @@ class SipServer:
         self.address: tuple[str, int] = (config.bind, config.port)
         self.calls: set[_Call] = set()  # touched on the PJSIP thread only
         self.live: dict[int, _Call] = {}  # answered calls, on the event loop
+        self.none_live = asyncio.Event()  # set whenever the last answered call has ended
+        self.none_live.set()
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,10 +123,8 @@ class SipServer:
         if self._thread is None:
             return
         self._post(self._hang_up_all)
-        for _ in range(100):  # BYEs out, sessions closed
-            if not self.live:
-                break
-            await asyncio.sleep(0.02)
+        with contextlib.suppress(TimeoutError):  # BYEs out, sessions closed
+            await asyncio.wait_for(self.none_live.wait(), 2.0)
         self._stop.set()
         await asyncio.to_thread(self._thread.join, 5.0)
         self._thread = None
@@ -396,6 +396,7 @@ if pj is not None:
             s.heard_ms, s.on_flush, s.on_pause = self.heard_ms, self.flush, self.pause
             self.session = s
             server.live[self.call_id] = self
+            server.none_live.clear()
             tasks: list[asyncio.Task[Any]] = []
             try:
                 await s.start()
@@ -426,6 +427,8 @@ if pj is not None:
                 # The last reference goes with a command to the PJSIP thread, where the call
                 # object may be destroyed (pjlib refuses unregistered threads).
                 call = server.live.pop(self.call_id, None)
+                if not server.live:
+                    server.none_live.set()
                 server._post(lambda: _keep(call))
 
         async def _feed(self) -> None:
