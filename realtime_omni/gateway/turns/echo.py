@@ -16,22 +16,20 @@ from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 
 log = logging.getLogger(__name__)
 RATE_HZ = INPUT_RATE_HZ  # what the gate hears
-# A window the canceller leaves this much quieter was the bot's echo, whatever its energy says:
-# AEC3 takes a converged echo path's echo down 30-40 dB, and a person talking over the bot (the
-# echo beside them or not) by at most 18 (`benchmarks/turns.py`).
+# The thresholds below sit between what echo and a person talking over the bot score; the
+# figures they were chosen on are in benchmarks/README.md ("How the echo gate's thresholds were
+# chosen").
+# A window the canceller leaves this much quieter was the bot's echo, whatever its energy says
+# (a converged canceller takes more from echo than from a person's speech).
 ECHO_CANCELLED_DB = 24.0
 # A window whose sound matches the far end's this closely at some delay within the echo path's
 # reach is echo, whatever its energy says: the normalised cross-correlation of the last
 # `CORRELATION_WINDOWS` microphone windows with the far end, both at 8 kHz and pre-emphasised
-# (so that voiced speech's low harmonics, alike in any two voices, weigh less). On espeak-ng's
-# voice through a room (-6 to -30 dB, 30-200 ms late, 150 ms of reverb, also phone-band mu-law)
-# echo scores 0.84-0.86 (median), under 0.6 in 5-8 % of its windows; a person talking over it
-# scores 0.19-0.27, over 0.6 in 0-9 % of theirs (the same voice as the bot's: the hard case).
+# (so that voiced speech's low harmonics, alike in any two voices, weigh less).
 ECHO_CORRELATION = 0.6
-# ... and this closely for a window no louder than the far end's loudest slot, as echo always
-# is: over a real call (`benchmarks/turns.py`, a -6 dB echo) single windows scored 0.50-0.58.
+# ... and this closely for a window no louder than the far end's loudest slot, as echo always is.
 QUIET_ECHO_CORRELATION = 0.5
-CORRELATION_WINDOWS = 3  # 96 ms: one window alone matched a person's speech to the far end's
+CORRELATION_WINDOWS = 3  # 96 ms: one window alone is too short to tell two voices apart
 _PRE_EMPHASIS = 0.9
 
 
@@ -68,8 +66,8 @@ class EchoGate:
     window within `margin_db` of its predicted echo is echo; a person talking over the bot is
     louder than the echo of what it said. Until a path is learnt, sound 10 dB under the far
     end is taken for echo, and louder sound whose waveform matches the far end's at some delay
-    (`correlate`; `ECHO_CORRELATION`), which needs no path learnt: energies alone (with 6 dB,
-    `correlate=False`) paused the first second of every answer over a -6 dB echo. The waveform
+    (`correlate`; `ECHO_CORRELATION`), which needs no path learnt (energies alone cannot tell a
+    loud early echo from a person before the path is learnt). The waveform
     is compared wherever the energies call a window something else, and one window that is not
     echo right after one surely echo is not yet a person. Given what an echo canceller leaves
     of each window (the session's `echo_gate_aec`), a window it takes `ECHO_CANCELLED_DB` from
@@ -103,12 +101,9 @@ class EchoGate:
         self.active_floor = 1e-7  # far-end energy (-70 dBFS) below which the bot is silent
         self.max_error_db = 6.0  # a fit further off than this (median) is not an echo path
         self.min_correlation = 0.5  # nor one whose prediction does not rise and fall with it
-        # Before a path is learnt, sound 10 dB under the far end is taken for its echo. Louder
-        # echo is told by its waveform (`correlate`). Energies alone needed 6 dB (at 10, a -12
-        # dB echo with reverb paused every answer's first second in `benchmarks/turns.py`),
-        # which also took a person's quieter words for echo: one who interrupted 0.1-0.3 s into
-        # an answer, no echo coming back, was heard for 672-736 ms, about
-        # `min_interruption_ms`; at 10 dB, 928-1024 ms.
+        # Before a path is learnt, sound 10 dB under the far end is taken for its echo; louder
+        # echo is told by its waveform (`correlate`). Without it the prior must be looser (6 dB),
+        # which also takes a person's quieter first words over an answer for echo.
         self.prior = 0.1 if correlate else 0.25
         self.path: np.ndarray | None = None  # energy gain per delay, in slots
         self.floor = 0.0  # the microphone's energy with nobody talking and no echo
