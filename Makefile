@@ -18,7 +18,8 @@ CLIENTS := .cache/venvs
 # sha256, into .cache/models/smart_turn/, where the server finds it (realtime.smart_turn_dir).
 SMART_TURN_SRC := $(CLIENTS)/pipecat/lib/python3*/site-packages/pipecat/audio/turn/smart_turn/data
 
-install: $(BIN)/python $(CLIENTS)/agents/bin/python $(CLIENTS)/pipecat/bin/python
+install: $(BIN)/python $(CLIENTS)/agents/bin/python $(CLIENTS)/pipecat/bin/python \
+		$(CLIENTS)/livekit/bin/python
 	$(BIN)/pip install -q -e ".[test,sip,aec,ray,mooncake]"
 	$(BIN)/python -m realtime_omni.models.smart_turn install $(SMART_TURN_SRC)
 
@@ -29,6 +30,13 @@ $(CLIENTS)/agents/bin/python:
 $(CLIENTS)/pipecat/bin/python:
 	$(PY) -m venv $(CLIENTS)/pipecat
 	$(CLIENTS)/pipecat/bin/pip install -q "pipecat-ai==1.14.0"
+
+# LiveKit Agents with its OpenAI plugin; the plugin builds its events from the openai SDK's
+# types, which the e2e test checks the server's events against: pinned with it.
+$(CLIENTS)/livekit/bin/python:
+	$(PY) -m venv $(CLIENTS)/livekit
+	$(CLIENTS)/livekit/bin/pip install -q "livekit-agents==1.8.9" "livekit-plugins-openai==1.8.9" \
+		"openai==3.60.0"
 
 lint: install
 	$(BIN)/ruff check .
