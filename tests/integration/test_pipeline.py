@@ -21,6 +21,7 @@ import zmq
 
 from realtime_omni.errors import (
     ConfigError,
+    OmniError,
     RequestAborted,
     RequestError,
     StageDied,
@@ -334,6 +335,33 @@ def test_a_failing_request_does_not_hurt_the_others() -> None:
                 await bad.collect()
             check_complete(await good.collect(), 10)
             await asyncio.sleep(timeout(0.2))  # the background abort of `bad`
+            await all_slots_free(coord)
+
+    run(body())
+
+
+def test_an_abort_a_stage_never_acknowledges_in_time_is_named_and_forgotten() -> None:
+    """The talker's process hangs (SIGSTOP) while it holds a request, for longer than
+    `abort_timeout_s` but not the heartbeat timeout: the abort raises naming it, the request is
+    forgotten, the talker's acknowledgement when it wakes is ignored, and the next request runs
+    through every stage."""
+    cfg = simulated_config(FAST, abort_timeout_s=0.3, heartbeat_timeout_s=30.0)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            stream = await coord.submit({"max_tokens": 200})
+            async for out in stream:
+                if out.stage == "code2wav":  # the talker holds the request
+                    break
+            talker = coord.pid_of("talker_ar#0")
+            os.kill(talker, signal.SIGSTOP)
+            try:
+                with pytest.raises(OmniError, match=r"not acknowledged within 0.3 s by: .*talker"):
+                    await coord.abort(stream.request_id)
+                assert stream.request_id not in coord.requests
+            finally:
+                os.kill(talker, signal.SIGCONT)
+            check_complete(await (await coord.submit({"max_tokens": 4})).collect(), 4)
             await all_slots_free(coord)
 
     run(body())

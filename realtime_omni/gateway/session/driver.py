@@ -566,10 +566,16 @@ class Session:
             self.on_flush()
 
     def _track(self, coro: Any) -> asyncio.Task[Any]:
+        """Run `coro` as a task of this session (`close` cancels it); its failure is logged."""
         t = asyncio.ensure_future(coro)
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(self._task_done)
         return t
+
+    def _task_done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and (e := t.exception()) is not None:
+            log.error("session %s: %s", self.id, e, exc_info=not isinstance(e, OmniError))
 
     # ---- camera ------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from realtime_omni.errors import RequestAborted
+from realtime_omni.errors import OmniError, RequestAborted
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.pipeline.coordinator import Output
 
@@ -86,3 +86,17 @@ def silence(s: Session, windows: int) -> None:
     for _ in range(windows):
         s.push_audio(np.zeros(512, np.float32), 16000)
         feed_vad(s, 0.0)
+
+
+class UnackedCoord(FakeCoord):
+    """A pipeline whose stages never acknowledge an abort: `abort` gives up after `after_s` with
+    the error the coordinator raises at `runtime.abort_timeout_s`."""
+
+    def __init__(self, after_s: float = 0.05, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.after_s = after_s
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        await asyncio.sleep(self.after_s)
+        raise OmniError(f"abort of {request_id} not acknowledged within {self.after_s} s by: ['x']")

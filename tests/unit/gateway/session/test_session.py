@@ -10,12 +10,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_omni.errors import RequestError
+from realtime_omni.errors import OmniError, RequestError
 from realtime_omni.gateway.protocol.events import ProtocolError
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.pipeline.coordinator import Output
 from tests.conftest import run
-from tests.unit.gateway.fakes import FakeCoord, FakeStream, settle, silence, speak, types
+from tests.unit.gateway.fakes import (
+    FakeCoord,
+    FakeStream,
+    UnackedCoord,
+    settle,
+    silence,
+    speak,
+    types,
+)
 
 
 def test_speech_turn_commits_and_streams_a_response_into_playout() -> None:
@@ -765,6 +773,32 @@ def test_an_item_that_leaves_the_conversation_stops_its_transcription_and_its_au
 
         await settle(s, released)
         assert len(coord.streams) == (1 if how == "deleted" else 2)  # none ran for a gone item
+        await s.close()
+
+    run(body())
+
+
+def test_an_abort_no_stage_acknowledges_still_ends_the_response_and_the_next_turn_is_answered() -> (
+    None
+):
+    async def body() -> None:
+        coord = UnackedCoord(chunks=40)
+        s = Session(coord)
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.playout.queued > 4800)
+        s.read_output(4800)
+        rid = s.active_response
+        speak(s, 23)  # an interruption: the barge-in's abort times out
+        await settle(s, lambda: s.active_response is None)
+        assert coord.aborted == [rid]
+        done = next(e for e in s.pending_events() if e["type"] == "response.done")["response"]
+        assert done["status"] == "cancelled"
+        assert s.playout.queued == 0 and s.conversation.items[-1].audio_ms == 200
+        await s.handle({"type": "response.create"})  # the session goes on
+        await settle(s, lambda: s.playout.queued > 0)
+        with pytest.raises(OmniError, match="not acknowledged"):  # a client's cancel is told
+            await s.cancel_response("client_cancelled")
+        assert s.active_response is None
         await s.close()
 
     run(body())
