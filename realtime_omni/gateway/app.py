@@ -46,7 +46,7 @@ from realtime_omni.gateway.origins import OriginMiddleware, host_name, is_loopba
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.protocol.settings import Settings, Voices
 from realtime_omni.gateway.session.driver import EndOfTurnModel, Session, VadModel
-from realtime_omni.gateway.transports import media_stream, realtime_calls
+from realtime_omni.gateway.transports import live, media_stream, realtime_calls
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
 from realtime_omni.gateway.transports.webrtc import routes as webrtc_routes
@@ -353,6 +353,7 @@ def create_app(
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             *webrtc_routes(),
             *realtime_calls.routes(),
+            *live.routes(),
             *media_stream.routes(phones),
             # The demo page's scripts and styles (web/); check_dir: the app runs without them.
             Mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static"),
@@ -363,6 +364,7 @@ def create_app(
     app.state.gateway = gw
     app.state.webrtc = calls
     app.state.phones = phones
+    app.state.live = {}  # Live API sessions by id (transports/live.py), for their sidebands
     app.state.sip = None  # the SipServer, with `serve --sip-port`
     app.state.gc_frozen = 0  # objects `serve` froze once up
     return app

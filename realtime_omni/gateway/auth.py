@@ -49,7 +49,7 @@ SUBPROTOCOL_KEY = "openai-insecure-api-key."
 # (scope type, path) a browser's client secret may reach: starting a call and ending it.
 CALL_ROUTES = re.compile(
     r"websocket:/v1/realtime|http:/v1/realtime/calls(/[^/]+/hangup)?|http:/v1/webrtc/offer"
-    r"|http:/v1/whip(/[^/]+)?"
+    r"|http:/v1/whip(/[^/]+)?|websocket:/v1/live/sessions(/[^/]+/attach)?"
 )
 PHONE_ROUTES = re.compile(r"websocket:/v1/phone/[^/]+")  # a phone stream's secret
 
