@@ -5,6 +5,7 @@ aborts requests everywhere, and restarts a stage process that died.
     await coord.start()                      # returns when every stage process is ready
     stream = await coord.submit({"x": arr})  # waits for a free request slot and entry credit
     async for out in stream: ...             # Output(stage, data) from the terminal stages
+    await stream.settled.wait()              # then stream.compute_s: seconds per stage
     stream.close()                           # stopped reading early: unread outputs' credits back
     await coord.abort(stream.request_id)     # returns once every stage acknowledged
     await coord.close()                      # no process and no shared memory left behind
@@ -301,16 +302,18 @@ class Coordinator:
             case m.DataAck(lease=lease):
                 self.outlet.pool.release(lease)
                 self._credit.set()
-            case m.StageDone(request_id=rid, stage=stage):
-                self.requests.stage_done(rid, stage)
+            case m.StageDone(request_id=rid, stage=stage, compute_s=spent):
+                self.requests.stage_done(rid, stage, spent)
+            case m.Spent(request_id=rid, stage=stage, compute_s=spent):
+                self.requests.spent(rid, stage, spent)
             case m.StageError(request_id="", stage=stages, message=message):
                 self.supervisor.on_startup_error(stages, message)
             case m.StageError(request_id=rid, stage=stage, message=message):
                 req = self.requests.get(rid)
                 if req is not None:
                     self._fail(req, RequestError(f"stage {stage}: {message}"))
-            case m.AbortAck(request_id=rid, stage=stage):
-                self.requests.abort_acked(rid, stage)
+            case m.AbortAck(request_id=rid, stage=stage, compute_s=spent):
+                self.requests.abort_acked(rid, stage, spent)
             case m.Ready(process=p, epoch=epoch):
                 if self.supervisor.on_ready(p, epoch):  # a remote stage came back
                     self.supervisor.track(self.peer_up(p))

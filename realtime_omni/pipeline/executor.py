@@ -29,6 +29,12 @@ in between (a paced step falling due, a listener's lead running out) says in how
 the idle loop waits no longer than that for a message. A time already past is 0, not None: the
 loop asks `has_work` and then `wake_in`, and the moment can fall between the two calls (None
 would leave the loop waiting for the next message or heartbeat).
+
+Optional: `step_shares() -> {request_id: weight}`. How the last step's work divides among the
+requests it served (any non-negative weights, e.g. tokens computed for each; none: the step
+computed nothing for anyone), so each request is charged its part of the step's time
+(`pipeline/meter.py`). Without it a step is split evenly among the requests it emitted for, and
+a step that emitted nothing (a prefill chunk mid-prompt) is charged to nobody.
 """
 
 from __future__ import annotations
@@ -90,6 +96,13 @@ class Wakes(Protocol):
     """An executor whose `has_work` can turn true of itself (optional: see above)."""
 
     def wake_in(self) -> float | None: ...
+
+
+@runtime_checkable
+class Shares(Protocol):
+    """An executor that says how its last step divides among requests (optional: see above)."""
+
+    def step_shares(self) -> dict[str, float]: ...
 
 
 @runtime_checkable

@@ -83,19 +83,32 @@ class Abort(_Message):
 
 
 class AbortAck(_Message):
-    """Sent by a stage once it dropped the request and every slot it lent for it came back."""
+    """Sent by a stage once it dropped the request and every slot it lent for it came back;
+    `compute_s`: the seconds of its steps the request used there (`pipeline/meter.py`)."""
 
     request_id: str
     stage: str
     process: str
+    compute_s: float = 0.0
 
 
 class StageDone(_Message):
-    """The stage finished with the request; a death of the stage no longer concerns it."""
+    """The stage finished with the request; a death of the stage no longer concerns it.
+    `compute_s`: the seconds of its steps the request used there (`pipeline/meter.py`)."""
 
     request_id: str
     stage: str
     process: str
+    compute_s: float = 0.0
+
+
+class Spent(_Message):
+    """Seconds of a step a stage spent on a request that was aborted there during the step
+    (its `AbortAck` had already gone): the rest of what the request cost the stage."""
+
+    request_id: str
+    stage: str
+    compute_s: float
 
 
 class StageError(_Message):
@@ -163,6 +176,8 @@ class Stats(_Message):
     # emitted, not yet sent for want of credit (`queued_out`)
     queued_in: dict[str, int] = msgspec.field(default_factory=dict)
     queued_out: dict[str, int] = msgspec.field(default_factory=dict)
+    # stage -> seconds its steps took since the process started (`pipeline/meter.py`)
+    busy_s: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Shutdown(_Message):
@@ -176,6 +191,7 @@ Message = (
     | Abort
     | AbortAck
     | StageDone
+    | Spent
     | StageError
     | Ready
     | Heartbeat

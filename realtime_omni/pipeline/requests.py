@@ -36,6 +36,13 @@ class RequestStream:
     credit goes back to its stage when the consumer takes it, so a consumer that stops reading
     stalls the pipeline for this edge instead of growing memory. A consumer that stops for good
     calls `close` (an output left unread would hold its credit even after the request ended).
+
+    `compute_s` (stage -> seconds) adds up what the request's steps cost each stage, as each
+    stage reports it (with its `StageDone`, or its `AbortAck` for an aborted request). It is
+    whole once `settled` is set, when the request left every stage: a moment after the
+    iterator ended (the last reports trail the outputs), or when `Coordinator.abort` returns.
+    A stage that was stepping the request when the abort came reports that step's part right
+    after the step (`Spent`): at most one step later.
     """
 
     def __init__(self, request_id: str) -> None:
@@ -43,6 +50,12 @@ class RequestStream:
         # Bounded by the credits of the terminal edges: each queued output holds one.
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.closed = False
+        self.compute_s: dict[str, float] = {}
+        self.settled = asyncio.Event()
+
+    def _spent(self, stage: str, seconds: float) -> None:
+        if seconds:
+            self.compute_s[stage] = self.compute_s.get(stage, 0.0) + seconds
 
     def _put(self, item: tuple[str, Payload, Callable[[], None]]) -> None:
         if not self.closed:
@@ -146,6 +159,7 @@ class RequestTable:
         req = self.requests.pop(rid, None)
         if req is None:
             return
+        req.stream.settled.set()
         for p in self.processes(req.route):
             self.active[p] = self.active.get(p, 1) - 1
         self.on_forget()
@@ -192,11 +206,18 @@ class RequestTable:
             req.ended.add(stage)
             self._maybe_complete(req)
 
-    def stage_done(self, rid: str, stage: str) -> None:
+    def stage_done(self, rid: str, stage: str, compute_s: float = 0.0) -> None:
         req = self.requests.get(rid)
         if req is not None:
+            req.stream._spent(stage, compute_s)
             req.done.add(stage)
             self._maybe_complete(req)
+
+    def spent(self, rid: str, stage: str, compute_s: float) -> None:
+        """More compute of a request's (see `RequestStream.compute_s`), even one that left."""
+        stream = self.streams.get(rid)
+        if stream is not None:
+            stream._spent(stage, compute_s)
 
     def _maybe_complete(self, req: Request) -> None:
         if req.abort_done is None and req.ended >= set(self.graph.terminals):
@@ -217,7 +238,8 @@ class RequestTable:
             req.abort_waiting.update(self.graph.groups[group_of(p)].stages)
         return live
 
-    def abort_acked(self, rid: str, stage: str) -> None:
+    def abort_acked(self, rid: str, stage: str, compute_s: float = 0.0) -> None:
+        self.spent(rid, stage, compute_s)
         req = self.requests.get(rid)
         if req is not None and req.abort_waiting is not None:
             req.abort_waiting.discard(stage)

@@ -14,7 +14,9 @@ does not depend on the batch (reading the weights) plus a part per request (or p
   the stage's `max_prefill_tokens_per_step` beside the decode rows (chunk cost pro rata), so a
   new turn delays the others by one chunk per step, not by a whole prefill. Each decoding row
   also costs `per_context_token_ms` per token it attends to (its prompt and what it made: the
-  KV cache a decode step reads);
+  KV cache a decode step reads); a step of prefill chunks alone costs at least `step_ms` (its
+  forward reads every weight, as a decode step does). A `prefill_only` request prefills and
+  ends without an item (its downstream streams end empty: the talker and vocoder do nothing);
 - follow: a streamed input -> `per_input` outputs per input item (the talker); it never runs
   ahead of its input, and with `output_needs_input` output k waits for input k while the input
   stream is open (the real talker's frame k takes thinker token k's text; after the text ends it
@@ -25,6 +27,21 @@ does not depend on the batch (reading the weights) plus a part per request (or p
   then `chunk` (code2wav, text decode); a step costs `base_ms` + `step_ms` x the items of every
   chunk in it + `longest_ms` x the items of its longest chunk (a batched vocoder's time grows
   with the frames it decodes for each stream, and less with the streams).
+
+Conversation payloads (`messages` with audio, from the gateway) are charged by what they hold
+(sim_prompt.py): preprocessing with `audio_window_frames` reads the user turn's audio as the
+audio encoder's windows; an audio encoder with `per_token_ms` charges per token of the windows it
+has not encoded before (`cache_windows` kept), so a turn sent again with more audio pays its new
+windows and its last, partial, one again; a thinker's prompt is then `context_tokens`, the
+turn's audio tokens and `image_tokens` (none for a prefill-only request), and with `session_id`
+a request prefills only what follows the prefix its session's last request left (its prompt,
+or the part an abort cut short), as the real thinker's kept rows. A request waits while a
+prefill-only request of its session still prefills. A synthetic payload (no `messages`) costs
+the fixed figures above.
+
+Every step says what it cost for each request (`step_shares`: a batch's fixed part split
+evenly), so a request's `compute_s` (`pipeline/meter.py`) is what it made the stages do,
+an aborted one's included.
 
 A chunk stage with `speech_text` (or `speech_wav`, a 16-bit mono WAV) speaks: its float outputs
 to the client carry consecutive 24 kHz samples of that speech, looped, each request from the
@@ -50,6 +67,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +77,19 @@ from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline.executor import Emit, StageContext
 from realtime_omni.pipeline.messages import CLIENT
 from realtime_omni.pipeline.relay import dtype_of
+from realtime_omni.pipeline.sim_prompt import (
+    Block,
+    prompt_blocks,
+    shared_tokens,
+    truncated,
+    turn_windows,
+)
 
 Payload = dict[str, Any]
 ROLES = ("transform", "generate", "follow", "chunk")
+# Sessions whose kept prefix a simulated thinker remembers, least recently used out (the real
+# one is bounded by tokens and KV blocks; a simulated prefix costs a few bytes).
+MAX_SESSIONS = 4096
 WORDS = [
     "the",
     "quick",
@@ -89,7 +117,11 @@ class _Req:
     texts: list[str] = field(default_factory=list)  # the `text` of each input item, if any
     ended: bool = False
     first_done: bool = False
-    prefilled: int = 0  # prompt tokens prefilled so far (generate)
+    prefilled: int = 0  # prompt tokens prefilled so far (generate), the kept prefix included
+    prompt: int = 0  # prompt tokens (generate)
+    blocks: list[Block] | None = None  # the prompt as the payload describes it (sim_prompt.py)
+    cached: int = 0  # prompt tokens its session's kept prefix held
+    started: bool = False  # its prefill began: it took its session's kept prefix
     held: bool = False  # its outputs wait for credit: make nothing for it
     spoken: int = 0  # samples of the speech given so far (a speaking chunk stage)
 
@@ -135,6 +167,21 @@ class SimulatedExecutor:
                 )
         self.outputs: dict[str, dict[str, tuple[str, list[Any]]]] = p.get("outputs", {})
         self.speech = _speech(ctx.stage, p) if self.role == "chunk" else None
+        # A conversation payload's prompt (sim_prompt.py): preprocessing reads the turn's audio
+        # windows (`audio_window_frames`); the audio encoder charges `per_token_ms` per token of
+        # the windows it has not encoded yet (keeping `cache_windows`); the thinker prefills
+        # `context_tokens`, the audio and `image_tokens`, past its session's kept prefix.
+        self.window_frames = int(p.get("audio_window_frames", 0))
+        self.per_token_s = float(p.get("per_token_ms", 0.0)) / 1000
+        self.cache_windows = int(p.get("cache_windows", 512))
+        self.context_tokens = int(p.get("context_tokens", self.prompt_tokens))
+        self.image_tokens = int(p.get("image_tokens", 0))
+        # A prefill-only request brings no image (preprocessing leaves out what follows the
+        # turn's audio): an image encoder with this set does nothing for it.
+        self.skip_prefill_only = bool(p.get("skip_prefill_only", False))
+        self.windows: OrderedDict[str, None] = OrderedDict()  # encoded audio windows
+        self.sessions: OrderedDict[str, list[Block]] = OrderedDict()  # kept prompt prefixes
+        self.shares: dict[str, float] = {}  # seconds of the last step's cost, per request
         self.reqs: dict[str, _Req] = {}
         self._arrays: dict[tuple[str, str, str], Any] = {}  # numpy arrays, CUDA tensors
 
@@ -144,8 +191,19 @@ class SimulatedExecutor:
         meta: dict[str, Any] = {}
         for payload in inputs.values():
             meta.update({k: v for k, v in payload.items() if not isinstance(v, np.ndarray)})
-        total = int(meta.get("max_tokens", self.items)) if self.role == "generate" else None
-        self.reqs[request_id] = _Req(meta=meta, total=total)
+            if self.window_frames and (windows := turn_windows(payload, self.window_frames)):
+                meta["audio_windows"] = windows
+        r = _Req(meta=meta)
+        if self.role == "generate":
+            r.total = 0 if meta.get("prefill_only") else int(meta.get("max_tokens", self.items))
+            r.prompt = self.prompt_tokens
+            if "audio_windows" in meta:
+                image = 0 if meta.get("prefill_only") else self.image_tokens
+                r.blocks = prompt_blocks(
+                    [(str(d), int(n)) for d, n in meta["audio_windows"]], self.context_tokens, image
+                )
+                r.prompt = sum(n for _, n in r.blocks)
+        self.reqs[request_id] = r
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
         r = self.reqs[request_id]
@@ -156,7 +214,22 @@ class SimulatedExecutor:
         self.reqs[request_id].ended = True
 
     def abort(self, request_id: str) -> None:
-        self.reqs.pop(request_id, None)
+        self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        """Drop the request; a session's leaves what its prefill computed for the next."""
+        r = self.reqs.pop(request_id, None)
+        session = r.meta.get("session_id") if r is not None else None
+        if r is None or r.blocks is None or not r.started or not session:
+            return
+        self.sessions[str(session)] = truncated(r.blocks, r.prefilled)
+        self.sessions.move_to_end(str(session))
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+
+    def step_shares(self) -> dict[str, float]:
+        """What the last step cost for each request (its fixed part split evenly)."""
+        return self.shares
 
     def hold(self, request_id: str, held: bool) -> None:
         if request_id in self.reqs:
@@ -167,6 +240,7 @@ class SimulatedExecutor:
 
     def step(self) -> list[Emit]:
         emits: list[Emit] = []
+        self.shares = {}
         for rid, r in list(self.reqs.items()):
             if self.role in ("follow", "chunk") and r.ended and not r.inputs:
                 del self.reqs[rid]  # its input ended empty (a text-only answer): no work
@@ -182,22 +256,50 @@ class SimulatedExecutor:
         return emits
 
     def _generate_batch(self, batch: list[str]) -> tuple[list[str], float]:
-        """Decode rows and prefill chunks of one step: who emits, and what the step costs."""
+        """Decode rows and prefill chunks of one step: who emits, and what the step costs.
+        A prefill chunk costs `first_step_ms` pro rata per token of `prompt_tokens`; the
+        tokens a session's kept prefix holds cost nothing. A step's forward reads every weight,
+        so a step of prefill chunks alone costs at least `step_ms`, as a decode step does."""
         decoding = [rid for rid in batch if self.reqs[rid].first_done]
-        cost = (self.step_s + self.per_request_s * len(decoding)) if decoding else 0.0
-        cost += self.context_s * sum(self.prompt_tokens + self.reqs[r].made for r in decoding)
+        fixed = self.step_s / len(decoding) if decoding else 0.0
+        for rid in decoding:
+            r = self.reqs[rid]
+            self.shares[rid] = fixed + self.per_request_s + self.context_s * (r.prompt + r.made)
         budget = self.prefill_budget
+        filling: set[str] = set()  # sessions with a prefill-only request still prefilling
+        prefilling = []
         for rid in batch:
             r = self.reqs[rid]
-            if r.first_done or budget <= 0:
+            session = r.meta.get("session_id")
+            if r.first_done or session in filling:  # a later request takes that prefix
                 continue
-            chunk = min(budget, self.prompt_tokens - r.prefilled)
+            if r.meta.get("prefill_only") and session:
+                filling.add(session)
+            if budget <= 0:
+                continue
+            if not r.started:
+                self._take_prefix(r)
+            chunk = min(budget, r.prompt - r.prefilled)
             budget -= chunk
             r.prefilled += chunk
-            cost += self.first_step_s * chunk / self.prompt_tokens
-            if r.prefilled >= self.prompt_tokens:
-                decoding.append(rid)  # its prefill gives its first token in this step
-        return decoding, cost
+            self.shares[rid] = self.first_step_s * chunk / self.prompt_tokens
+            prefilling.append(rid)
+        if prefilling and not decoding:
+            short = self.step_s - sum(self.shares.values())
+            for rid in prefilling:
+                self.shares[rid] += max(0.0, short) / len(prefilling)
+        # a prefill that ends gives its first token in this step
+        decoding += [rid for rid in prefilling if self.reqs[rid].prefilled >= self.reqs[rid].prompt]
+        return decoding, sum(self.shares.values())
+
+    def _take_prefix(self, r: _Req) -> None:
+        """At its prefill's start, a request takes its session's kept prefix (as the real
+        thinker takes the kept row: it is no longer kept for another)."""
+        r.started = True
+        session = r.meta.get("session_id")
+        kept = self.sessions.pop(str(session), None) if session else None
+        if kept is not None and r.blocks is not None:
+            r.cached = r.prefilled = max(0, shared_tokens(kept, r.blocks))
 
     # ---- roles ---------------------------------------------------------------------------
 
@@ -229,21 +331,58 @@ class SimulatedExecutor:
         return self.first_chunk + (r.made - 1) * self.chunk
 
     def _cost(self, batch: list[str]) -> float:
-        reqs = [self.reqs[rid] for rid in batch]
+        """What a step of `batch` costs (see the module docstring), each request's part in
+        `shares`: a batch's fixed cost split evenly."""
+        reqs = {rid: self.reqs[rid] for rid in batch}
         if not reqs:
             return 0.0
         if self.role == "chunk":
-            items = [self._due(r) for r in reqs]
-            return self.base_s + self.step_s * sum(items) + self.longest_s * max(items)
-        if self.role == "transform":
-            return self.first_step_s + self.per_request_s * (len(reqs) - 1)
-        following = [r for r in reqs if r.first_done]
-        fresh = len(reqs) - len(following)
-        cost = self.first_step_s * fresh
-        if following:
-            cost += self.step_s + self.per_request_s * len(following)
-            cost += self.context_s * sum(self.prompt_tokens + r.made for r in following)
-        return cost
+            items = {rid: self._due(r) for rid, r in reqs.items()}
+            fixed = (self.base_s + self.longest_s * max(items.values())) / len(reqs)
+            for rid, n in items.items():
+                self.shares[rid] = fixed + self.step_s * n
+        elif self.role == "transform":
+            self._transform_cost(reqs)
+        else:
+            following = [rid for rid, r in reqs.items() if r.first_done]
+            fixed = self.step_s / len(following) if following else 0.0
+            for rid, r in reqs.items():
+                if not r.first_done:
+                    self.shares[rid] = self.first_step_s
+                    continue
+                context = self.context_s * (self.prompt_tokens + r.made)
+                self.shares[rid] = fixed + self.per_request_s + context
+        return sum(self.shares.values())
+
+    def _transform_cost(self, reqs: dict[str, _Req]) -> None:
+        """`first_step_ms` for a step's first request and `per_request_ms` for each other; with
+        `per_token_ms`, a request whose turn's audio windows are known pays per token of those
+        not encoded before (a window two requests of the step need, half each)."""
+        plain = []
+        todo: dict[str, int] = {}  # windows to encode in this step: digest -> requests needing it
+        for rid, r in reqs.items():
+            windows = r.meta.get("audio_windows") if self.per_token_s else None
+            if self.skip_prefill_only and r.meta.get("prefill_only"):
+                self.shares[rid] = 0.0
+            elif windows is None:
+                plain.append(rid)
+            else:
+                for d, _ in windows:
+                    if d not in self.windows:
+                        todo[d] = todo.get(d, 0) + 1
+        if plain:
+            part = (self.first_step_s + self.per_request_s * (len(plain) - 1)) / len(plain)
+            self.shares.update(dict.fromkeys(plain, part))
+        for rid, r in reqs.items():
+            if rid in self.shares:
+                continue
+            windows = r.meta["audio_windows"]
+            self.shares[rid] = sum(self.per_token_s * n / todo[d] for d, n in windows if d in todo)
+            for d, _ in windows:
+                self.windows[d] = None
+                self.windows.move_to_end(d)
+        while len(self.windows) > self.cache_windows:
+            self.windows.popitem(last=False)
 
     def _produce(self, rid: str) -> list[Emit]:
         r = self.reqs[rid]
@@ -252,19 +391,22 @@ class SimulatedExecutor:
             del self.reqs[rid]
             return [*self._emits(rid, r.meta, 1), Emit(rid, done=True)]
         if self.role == "generate":
-            if not r.total:
-                del self.reqs[rid]
+            if not r.total:  # nothing to make (a prefill-only request): its prefix is kept
+                self._release(rid)
                 return [Emit(rid, done=True)]
-            meta = {
+            meta: dict[str, Any] = {
                 "token_time": time.monotonic(),
                 "index": r.made,
                 "token_id": r.made % 1000,
                 "text": f"{WORDS[r.made % len(WORDS)]} ",
             }
+            if r.made == 0:  # what the prompt cost, as the real thinker's first token says
+                meta["prefill_tokens"] = r.prompt - r.cached
+                meta["cached_tokens"] = r.cached
             r.made += 1
             out = self._emits(rid, meta, 1)
             if r.made >= r.total:
-                del self.reqs[rid]
+                self._release(rid)
                 out.append(Emit(rid, done=True))
             return out
         if self.role == "follow":

@@ -47,6 +47,7 @@ class Stage:
         self.failures: list[tuple[str, str]] = []  # (request_id, message); the worker drains it
         self.stepping = False
         self._abort_after_step: set[str] = set()
+        self.aborted_in_step: set[str] = set()  # aborted during the last step (see `end_step`)
         self.can_hold = isinstance(executor, Holds)
         self.held: set[str] = set()
 
@@ -124,10 +125,13 @@ class Stage:
         self.stepping = True
 
     def end_step(self, emits: list[Emit], error: Exception | None) -> list[Emit]:
+        """Close the step: requests aborted during it leave the executor now (and stay named in
+        `aborted_in_step` until the next step ends)."""
         self.stepping = False
         for rid in self._abort_after_step:
             self._executor_abort(rid)
-        self._abort_after_step.clear()
+        self.aborted_in_step = self._abort_after_step
+        self._abort_after_step = set()
         if error is not None:
             culprit = error.request_id if isinstance(error, ExecutorError) else None
             victims = [culprit] if culprit in self.started else sorted(self.started)

@@ -29,8 +29,16 @@ from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import parse_config
-from realtime_omni.pipeline.executor import Emit, ReportsKv, StageContext, Wakes, load_executor
+from realtime_omni.pipeline.executor import (
+    Emit,
+    ReportsKv,
+    Shares,
+    StageContext,
+    Wakes,
+    load_executor,
+)
 from realtime_omni.pipeline.graph import Edge, Graph, group_of
+from realtime_omni.pipeline.meter import ComputeMeter
 from realtime_omni.pipeline.relay import Inlet, Outlet, Payload
 from realtime_omni.pipeline.router import Route, Router
 from realtime_omni.pipeline.shm import list_segments, segment_name, unlink_segments
@@ -168,6 +176,7 @@ class Worker:
                     rt.mooncake_protocol,
                 )
         self.router = Router(self.graph, self.stages, self.outlets, self)
+        self.meter = ComputeMeter()  # what each request's steps cost each stage
         self.gc_frozen = 0  # objects `run` froze
         self.running = True
         self._lock = threading.Lock()
@@ -284,13 +293,23 @@ class Worker:
         finally:
             self._lock.acquire()
             self._stepping.clear()
-            self.step_log[stage.name].append((start, time.monotonic() - start))
+            took = time.monotonic() - start
+            self.step_log[stage.name].append((start, took))
             self.batch_log[stage.name].append(len({e.request_id for e in emits}))
             self.cpu_log[stage.name].append(time.thread_time() - cpu)
+        if isinstance(stage.executor, Shares):
+            shares = stage.executor.step_shares()
+        else:
+            shares = {e.request_id: 1.0 for e in emits}
+        self.meter.charge(stage.name, took, shares)
         for st in self.stages.values():
             if st is not stage:
                 st.end_step([], None)
-        return stage.end_step(emits, error)
+        out = stage.end_step(emits, error)
+        for rid in stage.aborted_in_step:  # acknowledged during the step: send the rest now
+            if (spent := self.meter.take(stage.name, rid)) > 0:
+                self._to_coordinator(m.Spent(rid, stage.name, spent))
+        return out
 
     def _drain(self) -> bool:
         batch: list[tuple[m.Message, list[Any]]] = []
@@ -378,13 +397,17 @@ class Worker:
         return self.inlet.open(msg, frames)
 
     def stage_done(self, stage: str, request_id: str) -> None:
-        self._to_coordinator(m.StageDone(request_id, stage, self.me))
+        self._to_coordinator(
+            m.StageDone(request_id, stage, self.me, self.meter.take(stage, request_id))
+        )
 
     def stage_error(self, stage: str, request_id: str, message: str) -> None:
         self._to_coordinator(m.StageError(request_id, stage, message))
 
     def abort_acked(self, stage: str, request_id: str) -> None:
-        self._to_coordinator(m.AbortAck(request_id, stage, self.me))
+        self._to_coordinator(
+            m.AbortAck(request_id, stage, self.me, self.meter.take(stage, request_id))
+        )
 
     # ---- stats and shutdown ------------------------------------------------------------
 
@@ -408,6 +431,7 @@ class Worker:
             },
             queued_in=self.router.queued_in(),
             queued_out=self.router.queued_out(),
+            busy_s=dict(self.meter.busy_s),
         )
 
     def close(self) -> None:

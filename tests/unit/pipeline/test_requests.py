@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.graph import Graph
 from realtime_omni.pipeline.requests import RequestTable
@@ -93,3 +95,24 @@ def test_a_death_fails_the_requests_that_still_need_the_dead_stage() -> None:
     t.stage_done("z", "b")
     assert t.died("b#0") == [on_dead]
     assert elsewhere.rid in t and finished_there.rid in t
+
+
+def test_a_streams_compute_adds_up_what_each_stage_reported() -> None:
+    async def body() -> None:
+        t, _ = table()
+        req = t.add("r", {"b": 0})
+        t.stream_ended("r", "b")
+        t.stage_done("r", "b", 0.25)
+        assert not req.stream.settled.is_set()  # `a` has not reported
+        t.stage_done("r", "a", 0.5)
+        assert req.stream.settled.is_set() and req.stream.compute_s == {"a": 0.5, "b": 0.25}
+
+        aborted = t.add("x", {"b": 1})
+        t.begin_abort(aborted, down=set())
+        t.abort_acked("x", "a", 0.1)
+        t.abort_acked("x", "b")  # b never stepped it
+        assert aborted.stream.settled.is_set() and "x" not in t
+        t.spent("x", "a", 0.2)  # a step that was running when the abort came
+        assert aborted.stream.compute_s == {"a": pytest.approx(0.3)}
+
+    asyncio.run(body())
