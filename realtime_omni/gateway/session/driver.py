@@ -41,10 +41,11 @@ Inside, `Session` is the driver: it owns the tasks, the clock, the pipeline, the
 event channel, and carries out what its parts decide. Every turn decision (speech start and
 stop, the end-of-turn model, the echo gate, speech over the answer, the idle timeout) is made by
 `turns/taking.py`'s `TurnTaker`, which this driver feeds with window probabilities and times.
-The client events are `client_events.ClientEvents`, the responses' lifecycle
-`responses.Responses` (one response's state and the events it makes: `response.Response`, no
-asyncio), the input transcriptions `transcribe.Transcriptions`; each holds its session and owns
-only its own state.
+What a client event does is decided by `client_events.ClientEvents` (no I/O: the event, this
+session as a read-only `View` and the time in; effects out, which `_do` carries out in order).
+The responses' lifecycle is `responses.Responses` (one response's state and the events it
+makes: `response.Response`, no asyncio), the input transcriptions `transcribe.Transcriptions`:
+the two run the session's requests, so they hold it, and own only their own state.
 """
 
 from __future__ import annotations
@@ -67,9 +68,31 @@ from realtime_omni.gateway.media.echo_path import EchoPath
 from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.media.playout import Playout, Read
 from realtime_omni.gateway.protocol.conversation import MAX_BYTES, Conversation, Item, Part, new_id
-from realtime_omni.gateway.protocol.events import ProtocolError
+from realtime_omni.gateway.protocol.events import (
+    ProtocolError,
+    decode_b64,
+    error_event,
+    loads,
+    parse_item,
+)
 from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_session_update
-from realtime_omni.gateway.session.client_events import ClientEvents, _error
+from realtime_omni.gateway.session.client_events import (
+    AddItem,
+    CancelResponse,
+    ClearInput,
+    ClientEvents,
+    CommitAudio,
+    DeleteItem,
+    Effect,
+    Emit,
+    Flush,
+    PushAudio,
+    SetSettings,
+    StartResponse,
+    TruncateItem,
+    error,
+)
+from realtime_omni.gateway.session.response import Response
 from realtime_omni.gateway.session.responses import Responses
 from realtime_omni.gateway.session.transcribe import Transcriptions
 from realtime_omni.gateway.turns.end_of_turn import Ask
@@ -91,6 +114,7 @@ from realtime_omni.logs import SESSION
 log = logging.getLogger(__name__)
 
 _METRIC_LEN = 1000  # samples kept per metric
+BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
 VAD_WINDOWS_PER_PASS = 32  # 1 s of 32 ms windows judged per model pass
 
 
@@ -178,10 +202,10 @@ class Session:
         self._vad_task: asyncio.Task[None] | None = None
         self._vad_samples = 0  # input samples the VAD has judged
         self.input = InputBuffer()
-        self.input_credit = AudioCredit()  # what `input_audio_buffer.append` may still send
         self.responses = Responses(self)
         self.transcriptions = Transcriptions(self)
-        self.client = ClientEvents(self)
+        self.client = ClientEvents(AudioCredit())  # what each client event does
+        self.aec_available = EchoCanceller.available()
         # Set on every read of the playout and every flush: a response waiting for room under
         # its lead limit, or for its audio to be heard, looks again.
         self.audio_read = asyncio.Event()
@@ -253,28 +277,122 @@ class Session:
     def active_response(self) -> str | None:
         return self.responses.active.id if self.responses.active else None
 
+    @property
+    def responding(self) -> Response | None:
+        return self.responses.active
+
+    @property
+    def last_response_id(self) -> str | None:
+        return self.responses.last_id
+
+    @property
+    def turn_item_id(self) -> str | None:
+        return self.turns.turn_item_id
+
     async def handle(self, event: Any) -> None:
         """Apply one client event. Raises `ProtocolError` for one it refuses."""
-        await self.client.handle(event)
+        for effect in self.client.decide(event, self, time.monotonic()):
+            await self._do(effect)
 
     async def handle_text(self, raw: str, max_bytes: int) -> dict[str, Any] | None:
         """`handle` one client message as a transport receives it (JSON text); the `error`
         event to send back when it is too big, not JSON, refused or failed, else None."""
-        return await self.client.handle_text(raw, max_bytes)
+        if len(raw) > max_bytes:
+            return error(
+                ProtocolError(
+                    f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes; send "
+                    "audio in smaller appends",
+                    code="message_too_large",
+                )
+            )
+        try:
+            event = loads(raw)
+        except ProtocolError as e:
+            return error(e)
+        client_id = event.get("event_id") if isinstance(event, dict) else None
+        client_id = client_id if isinstance(client_id, str) else None
+        try:
+            await self.handle(event)
+        except ProtocolError as e:
+            return error(e, client_id)
+        except Exception:  # a bug must cost the client an error event, not the connection
+            log.exception("session %s: event %r failed", self.id, event.get("type"))
+            return error_event(  # Python's own words stay in the log, not with the client
+                "the server failed to handle this event; it logged why", "server_error", None,
+                client_id, "server_error",
+            )  # fmt: skip
+        return None
+
+    async def _do(self, effect: Effect) -> None:
+        """Carry out what a client event's decision asks."""
+        match effect:
+            case Emit(type=kind, fields=fields):
+                self._emit(kind, **fields)
+            case SetSettings(settings=settings):
+                self._apply(settings)
+            case PushAudio(audio=audio, settings=settings):
+                await self._push_b64(audio, settings)
+            case ClearInput():
+                self._clear_input()
+            case CommitAudio(pcm=pcm, item_id=item_id):
+                self._commit_audio(pcm, item_id)
+            case Flush(item_id=item_id):
+                self._flush(item_id)
+            case AddItem(item=raw, previous_item_id=prev, settings=settings):
+                # Off the event loop: base64, audio conversion and image decoding of a large
+                # item (a 6000x6000 PNG took 0.34 s) must not stall every other call's audio.
+                item = await asyncio.to_thread(parse_item, raw, settings.input_format)
+                self._emit_item_added(item, self._add(item, prev))
+            case CancelResponse(reason=reason, speech_goes_on=goes_on):
+                if goes_on and self.turns.truncated():  # the speech over it: the next turn
+                    self.playout.paused = False  # the next answer plays
+                await self.cancel_response(reason)
+            case TruncateItem(item_id=item_id, audio_end_ms=ms):
+                self._truncate(item_id, ms)
+            case DeleteItem(item_id=item_id):
+                self.conversation.delete(item_id)
+                self._deleted(item_id)
+            case StartResponse(overrides=overrides):
+                self.responses.start(overrides, time.monotonic())
+
+    async def _push_b64(self, audio: str, settings: Settings) -> None:
+        fmt = settings.input_format
+        if len(audio) > BIG_B64:  # megabytes: off the event loop
+            data = await asyncio.to_thread(decode_b64, audio, "audio")
+        else:
+            data = decode_b64(audio, "audio")
+        pcm = fmt.decode(data)
+        # Half a second at a time, yielding between: a long append's resampling never holds the
+        # event loop (every other call's audio) for more than a fraction of a millisecond.
+        step = fmt.rate_hz // 2
+        for i in range(0, len(pcm), step):
+            if i:
+                await asyncio.sleep(0)
+            self.push_audio(pcm[i : i + step], fmt.rate_hz)
+
+    def _truncate(self, item_id: str, ms: int) -> None:
+        """Cut an assistant item to a client's playback position. One past its audio (the
+        decision allowed `TRUNCATE_SLACK_MS`: rounded up, a frame late; or past what the cancel
+        before it kept of the answer) keeps all of it."""
+        item = self.conversation.get(item_id)
+        ms = min(ms, int(item.audio_ms))
+        item.truncate(ms)
+        self._emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=ms)
 
     def configure(self, session: Any) -> list[ProtocolError]:
         """Apply a session object (a client secret's, a call's, a `session.update`'s) without a
         word to the client; the fields refused."""
-        s, refused = apply_session_update(
-            self.settings, session, self.voices, EchoCanceller.available()
-        )
+        s, refused = apply_session_update(self.settings, session, self.voices, self.aec_available)
+        self._apply(s)
+        return refused
+
+    def _apply(self, s: Settings) -> None:
         changed = s.turn_detection != self.settings.turn_detection
         self.settings = s
         if changed:
             self.turns.configure(s.turn_detection)
             self._clear_input()
         self._set_echo_cancellation()
-        return refused
 
     async def cancel_response(self, reason: str) -> bool:
         """Stop the active response: flush its audio, abort its request in every stage
@@ -503,7 +621,7 @@ class Session:
             try:
                 self.responses.start({}, time.monotonic())
             except ProtocolError as e:  # no client event to answer: tell it all the same
-                self._events.put_nowait(_error(e))
+                self._events.put_nowait(error(e))
 
     def _add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Add to the conversation; announce what its bounds dropped to make room."""

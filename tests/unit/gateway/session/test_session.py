@@ -397,10 +397,10 @@ def test_an_event_that_fails_on_a_bug_tells_the_client_so_without_pythons_words(
 ) -> None:
     from realtime_omni.gateway.session import client_events
 
-    async def broken(session: Session, event: dict[str, Any]) -> None:
+    def broken(*args: Any) -> list[Any]:
         raise KeyError("the server's own internals")
 
-    monkeypatch.setitem(client_events._HANDLERS, "input_audio_buffer.clear", broken)
+    monkeypatch.setitem(client_events._DECISIONS, "input_audio_buffer.clear", broken)
 
     async def body() -> None:
         s = Session(FakeCoord(chunks=1))
@@ -422,7 +422,7 @@ def test_audio_appended_faster_than_real_time_past_a_burst_is_refused_not_queued
 
     async def body() -> None:
         s = Session(FakeCoord(chunks=1))
-        s.input_credit = AudioCredit(burst_s=2.0, speed=4.0)
+        s.client.credit = AudioCredit(burst_s=2.0, speed=4.0)
         assert await s.handle_text(append, 1 << 20) is None
         assert await s.handle_text(append, 1 << 20) is None
         held = s.input.end
