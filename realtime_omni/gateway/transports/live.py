@@ -219,9 +219,8 @@ async def _refuse(ws: WebSocket, e: ProtocolError, client_event_id: Any, code: i
         await ws.close(code=code, reason=e.code.replace("_", " "))
 
 
-async def _first_message(ws: WebSocket) -> tuple[Any, StartConfig]:
-    """The `session.start` that must come first, checked; `LiveError` otherwise."""
-    gw: Host = ws.app.state.gateway
+async def _first_message(ws: WebSocket) -> dict[str, Any]:
+    """The `session.start` that must come first; `LiveError` for anything else."""
     try:
         msg = await within(ws.receive(), START_TIMEOUT_S)
     except TimeoutError:
@@ -235,7 +234,7 @@ async def _first_message(ws: WebSocket) -> tuple[Any, StartConfig]:
         raise LiveError(
             "the first message must be session.start", code="session_not_started", param="type"
         )
-    return ev.get("event_id"), parse_start(ev.get("session"), gw.voices)
+    return ev
 
 
 async def live_endpoint(ws: WebSocket) -> None:
@@ -243,12 +242,15 @@ async def live_endpoint(ws: WebSocket) -> None:
     calls: dict[str, LiveCall] = ws.app.state.live
     grant = grant_of(ws.scope)
     await ws.accept()
+    start_id = None
     try:
-        start_id, config = await _first_message(ws)
+        start = await _first_message(ws)
+        start_id = start.get("event_id")
+        config = parse_start(start.get("session"), gw.voices)
     except WebSocketDisconnect:
         return
     except ProtocolError as e:
-        await _refuse(ws, e, None, 1008)
+        await _refuse(ws, e, start_id, 1008)
         return
     if (refused := gw.refusal(grant)) is not None:
         message, code = refused
