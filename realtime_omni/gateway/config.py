@@ -227,6 +227,17 @@ class RealtimeConfig(_Strict):
         "'': no model, that silence",
     )
 
+    webrtc_reorder_packets: int | None = Field(
+        2,
+        ge=1,
+        description="a WebRTC caller's audio reaches the VAD as each packet arrives; a packet "
+        "after a gap waits until this many packets (20 ms each) came after the gap, for a "
+        "packet the network reordered, before the gap counts as lost and becomes silence "
+        "(gateway/transports/webrtc_input.py; 1: never wait). null: aiortc's own jitter buffer, "
+        "which holds every frame 80 ms, and after a loss drops 4 more frames and 300 ms for "
+        "the rest of the call",
+    )
+
     def api_keys(self) -> frozenset[str]:
         raw = os.environ.get(self.api_keys_env, "")
         return frozenset(k.strip() for k in raw.split(",") if k.strip())

@@ -15,7 +15,8 @@ the message), 404 an unknown session, 413 an offer over `MAX_OFFER_BYTES`, 415 W
 the oldest call of the same grant (key, secret) that has not connected yet, which ends; none, and
 the offer is refused. A call made with a client secret starts with the secret's session settings.
 
-A call: the client's audio track (Opus, decoded by aiortc to 48 kHz) feeds `Session.push_audio`;
+A call: the client's audio track (Opus) feeds `Session.push_audio` as each packet arrives
+(`webrtc_input.py`, in place of aiortc's jitter buffer);
 its video, when sent, the session's latest frame; the server's track plays the session's voice
 (`webrtc_media.PlayoutTrack`). The client creates a data channel labelled "oai-events" (OpenAI's
 WebRTC convention): the server sends every server event on it as JSON text, `session.created`
@@ -57,12 +58,8 @@ from realtime_omni.gateway.protocol.events import ProtocolError, error_event, lo
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports.channel import EventChannel
 from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
-from realtime_omni.gateway.transports.webrtc_media import (
-    PLAYOUT_RATE_HZ,
-    PlayoutTrack,
-    pump_audio,
-    pump_video,
-)
+from realtime_omni.gateway.transports.webrtc_input import listen
+from realtime_omni.gateway.transports.webrtc_media import PLAYOUT_RATE_HZ, PlayoutTrack, pump_video
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.host import Host
@@ -188,7 +185,11 @@ class WebRtcCall:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind == "audio":
             self.audio_at = time.monotonic()
-            self._spawn(pump_audio(track, self.session, self._heard))
+            receiver = next(
+                (t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track), None
+            )
+            wait = self.calls.gw.config.realtime.webrtc_reorder_packets
+            self._spawn(listen(track, receiver, self.session, wait, self._heard))
         elif track.kind == "video":
             self._spawn(pump_video(track, self.session))
 
