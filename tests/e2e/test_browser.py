@@ -91,6 +91,7 @@ def test_demo_page_calls_hears_and_hangs_up(server: str, mic_wav: Path, tmp_path
             ):
                 assert seen.get(kind), f"{kind} never arrived; seen: {sorted(seen)}"
             assert page.input_value("#voice") == "ethan"  # as the server's session.updated says
+            assert page.is_checked("#semantic")  # the server took semantic_vad: Smart Turn's
             assert state["rx"]["bytes"] > 0
             assert state["latency"]["firstAudioMs"], "no first-audio latency was measured"
             assert page.locator("#transcript .msg.you").count() >= 1
