@@ -60,7 +60,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from realtime_omni.aio import wait_set
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.media.echo_canceller import EchoCanceller
@@ -72,7 +71,6 @@ from realtime_omni.gateway.protocol.events import (
     ProtocolError,
     decode_b64,
     error_event,
-    loads,
     parse_item,
 )
 from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_session_update
@@ -91,7 +89,10 @@ from realtime_omni.gateway.session.client_events import (
     StartResponse,
     TruncateItem,
     error,
+    read_event,
 )
+from realtime_omni.gateway.session.hearing import Hearing, VadModel
+from realtime_omni.gateway.session.outbox import Outbox
 from realtime_omni.gateway.session.response import Response
 from realtime_omni.gateway.session.responses import Responses
 from realtime_omni.gateway.session.transcribe import Transcriptions
@@ -108,19 +109,13 @@ from realtime_omni.gateway.turns.taking import (
     TurnEnd,
     TurnTaker,
 )
-from realtime_omni.gateway.turns.vad import Windower
+from realtime_omni.gateway.turns.vad import WINDOW_SAMPLES
 from realtime_omni.logs import SESSION
 
 log = logging.getLogger(__name__)
 
 _METRIC_LEN = 1000  # samples kept per metric
 BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
-VAD_WINDOWS_PER_PASS = 32  # 1 s of 32 ms windows judged per model pass
-
-
-class VadModel(Protocol):
-    async def probs(self, windows: list[np.ndarray]) -> list[float]: ...
-    def reset(self) -> None: ...
 
 
 class EndOfTurnModel(Protocol):
@@ -183,24 +178,16 @@ class Session:
             k: deque(maxlen=_METRIC_LEN)
             for k in ("token_to_audio_ms", "first_audio_ms", "barge_in_to_silence_ms", "abort_ms")
         }
-        # Unbounded: events are made only as fast as client events arrive and a lead-limited
-        # response streams; a transport that stops reading is closed by its own send timeout.
-        self._events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._listeners: list[asyncio.Queue[dict[str, Any] | None]] = []  # sideband copies
+        self.outbox = Outbox()  # the server events, to the transport and its listeners
         self.audio_written = asyncio.Event()  # set on every playout write; a sender may clear it
         self._vad_factory = vad_factory
-        self._vad_model: VadModel | None = None
         self._eot_model = end_of_turn  # semantic_vad's end-of-turn model; None: silence only
         # Every turn decision: the VAD's, the end-of-turn model's, the echo gate's, speech over
         # the answer, the idle timeout. This driver runs the models and carries them out.
         self.turns = TurnTaker(self._settings.turn_detection, semantic=end_of_turn is not None)
         self.echo = EchoPath()  # the cancellers, and the far end they and the gate hear
-        self._arrivals: deque[tuple[int, float]] = deque(maxlen=4096)  # (input end, time)
-        self._windower = Windower()
-        self._vad_pending: list[np.ndarray] = []
-        self._vad_wake = asyncio.Event()
+        self.hearing = Hearing()  # the input's windows and the VAD's verdicts on them
         self._vad_task: asyncio.Task[None] | None = None
-        self._vad_samples = 0  # input samples the VAD has judged
         self.input = InputBuffer()
         self.responses = Responses(self)
         self.transcriptions = Transcriptions(self)
@@ -219,8 +206,8 @@ class Session:
 
     async def start(self) -> None:
         SESSION.set(self.id)  # in the tasks made here and in the caller's from now on
-        if self._vad_factory is not None and self._vad_model is None:
-            self._vad_model = self._vad_factory()
+        if self._vad_factory is not None and self.hearing.model is None:
+            self.hearing.model = self._vad_factory()
         if self._vad_task is None:
             self._vad_task = asyncio.create_task(self._vad_loop())
         self._set_echo_cancellation()
@@ -234,8 +221,7 @@ class Session:
         listens = turns is not None and turns.echo_gate and turns.echo_gate_aec
         echo, noise = self.settings.echo_cancellation, self.settings.noise_reduction is not None
         if self.echo.configure(echo, noise, listens):  # the VAD's windows change shape
-            self._vad_pending.clear()
-            self._windower = Windower()
+            self.hearing.reshape()
 
     async def close(self) -> None:
         if self._closed:
@@ -297,16 +283,8 @@ class Session:
     async def handle_text(self, raw: str, max_bytes: int) -> dict[str, Any] | None:
         """`handle` one client message as a transport receives it (JSON text); the `error`
         event to send back when it is too big, not JSON, refused or failed, else None."""
-        if len(raw) > max_bytes:
-            return error(
-                ProtocolError(
-                    f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes; send "
-                    "audio in smaller appends",
-                    code="message_too_large",
-                )
-            )
         try:
-            event = loads(raw)
+            event = read_event(raw, max_bytes)
         except ProtocolError as e:
             return error(e)
         client_id = event.get("event_id") if isinstance(event, dict) else None
@@ -407,95 +385,58 @@ class Session:
             self.on_metric(name, value_ms)
 
     def _emit(self, kind: str, **fields: Any) -> None:
-        self._send([{"type": kind, **fields}])
+        self.outbox.send([{"type": kind, **fields}])
 
     def _send(self, events: list[dict[str, Any]]) -> None:
         """Server events, in order, to the transport and every listener."""
-        for event in events:
-            self._publish(event)
-
-    def _publish(self, event: dict[str, Any]) -> None:
-        self._events.put_nowait(event)
-        for q in list(self._listeners):
-            if q.full():  # a listener that stopped reading: dropped, its reader sees None
-                self._listeners.remove(q)
-                q.get_nowait()
-                q.put_nowait(None)
-            else:
-                q.put_nowait(event)
+        self.outbox.send(events)
 
     def subscribe(self, limit: int = 10000) -> asyncio.Queue[dict[str, Any] | None]:
         """A copy of every event from now on (a call's sideband connection), until
         `unsubscribe`; None in it: the listener fell `limit` events behind and was dropped."""
-        q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(limit)
-        self._listeners.append(q)
-        return q
+        return self.outbox.subscribe(limit)
 
     def unsubscribe(self, q: asyncio.Queue[dict[str, Any] | None]) -> None:
-        if q in self._listeners:
-            self._listeners.remove(q)
+        self.outbox.unsubscribe(q)
 
     async def next_event(self) -> dict[str, Any]:
-        return await self._events.get()
+        return await self.outbox.next()
 
     def pending_events(self) -> list[dict[str, Any]]:
-        out = []
-        while not self._events.empty():
-            out.append(self._events.get_nowait())
-        return out
+        return self.outbox.pending()
 
     # ---- audio in ----------------------------------------------------------------------
 
     def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
         x = self.input.push(pcm, rate_hz, self.echo.near())
-        if len(x):  # when each sample arrived, for the echo gate's clock
-            self._arrivals.append((self.input.end, time.monotonic()))
         if len(x) and self.settings.turn_detection is not None:
-            self._vad_pending.append(self.echo.beside(x))
-            self._vad_wake.set()
+            self.hearing.push(self.echo.beside(x), self.input.end, time.monotonic())
 
     def _clear_input(self) -> None:
         self.input.clear()
-        self._vad_pending.clear()
-        self._vad_samples = self.input.end
+        self.hearing.reset(self.input.end)
         self.turns.clear(self.input.end * 1000 / INPUT_RATE_HZ)
-        self._windower = Windower()
         self.playout.paused = False
-        if self._vad_model is not None:
-            self._vad_model.reset()
 
     async def _vad_loop(self) -> None:
         while True:
-            if not self.turns.paused:
-                await self._vad_wake.wait()
-            elif not await wait_set(self._vad_wake, self.turns.resume_after_s):
+            if not await self.hearing.wait(
+                self.turns.resume_after_s if self.turns.paused else None
+            ):
                 # Paused over speech, and the client sends no more audio.
                 self._carry_out(self.turns.quiet(self.responses.active is not None))
                 continue
-            self._vad_wake.clear()
-            chunks, self._vad_pending = self._vad_pending, []
-            windows = [w for c in chunks for w in self._windower.push(c)]
-            if not windows or self._vad_model is None or self.settings.turn_detection is None:
+            if self.settings.turn_detection is None:  # turned off since: its audio was dropped
                 continue
-            # A second of windows at a time: a minute appended at once is judged in steps, with
-            # the event loop (every call's audio) free between them.
-            for i in range(0, len(windows), VAD_WINDOWS_PER_PASS):
-                part = windows[i : i + VAD_WINDOWS_PER_PASS]
-                # With the gate's canceller a window is [the microphone, what it leaves of it].
-                mics = [w[0] if w.ndim == 2 else w for w in part]
-                for p, w, mic in zip(await self._vad_model.probs(mics), part, mics, strict=True):
-                    self._vad_samples += len(mic)
-                    clean = w[1] if w.ndim == 2 else None
-                    self._on_window(p, mic, self._arrival(self._vad_samples), clean)
-            if not self.turns.speaking and self.settings.turn_detection is not None:
-                pad = self.settings.turn_detection.vad.prefix_padding_ms * INPUT_RATE_HZ // 1000
-                self.input.trim(self._vad_samples - pad - windows[0].shape[-1])
-
-    def _arrival(self, end: int) -> float:
-        """When the input sample before absolute index `end` arrived."""
-        while len(self._arrivals) > 1 and self._arrivals[0][0] < end:
-            self._arrivals.popleft()
-        return self._arrivals[0][1] if self._arrivals else time.monotonic()
+            judged = False
+            async for part in self.hearing.judge():
+                judged = True
+                for w in part:
+                    self._on_window(w.prob, w.mic, w.arrived, w.clean)
+            td = self.settings.turn_detection
+            if judged and td is not None and not self.turns.speaking:
+                pad = td.vad.prefix_padding_ms * INPUT_RATE_HZ // 1000
+                self.input.trim(self.hearing.judged - pad - WINDOW_SAMPLES)
 
     def _on_window(
         self,
@@ -621,7 +562,7 @@ class Session:
             try:
                 self.responses.start({}, time.monotonic())
             except ProtocolError as e:  # no client event to answer: tell it all the same
-                self._events.put_nowait(error(e))
+                self.outbox.send([error(e)])
 
     def _add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Add to the conversation; announce what its bounds dropped to make room."""

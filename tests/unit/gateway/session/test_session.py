@@ -693,7 +693,7 @@ def test_the_echo_gate_listens_through_a_canceller_only_when_asked() -> None:
         assert s.echo.gate_aec is not None
         assert s.settings.to_openai(s.id)["audio"]["input"]["turn_detection"]["echo_gate_aec"]
         s.push_audio(np.zeros(1000, np.float32), 16000)
-        (chunk,) = s._vad_pending
+        (chunk,) = s.hearing._pending
         assert chunk.shape == (2, 960)  # whole 10 ms frames, beside what the canceller left
         await s.close()
 
