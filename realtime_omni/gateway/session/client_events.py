@@ -23,7 +23,12 @@ import numpy as np
 from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.protocol.conversation import ROOT, Conversation, Item, new_id
-from realtime_omni.gateway.protocol.events import ProtocolError, error_event, parse_metadata
+from realtime_omni.gateway.protocol.events import (
+    ProtocolError,
+    error_event,
+    loads,
+    parse_metadata,
+)
 from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_session_update
 from realtime_omni.gateway.session.response import Response
 
@@ -313,6 +318,18 @@ def _find(conversation: Conversation, item_id: Any) -> Item | None:
         return conversation.get(item_id)
     except KeyError:
         return None
+
+
+def read_event(raw: str, max_bytes: int) -> Any:
+    """A client message as a transport receives it (JSON text), parsed; `ProtocolError` when it
+    is larger than `max_bytes` or not JSON."""
+    if len(raw) > max_bytes:
+        raise ProtocolError(
+            f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes; send audio in "
+            "smaller appends",
+            code="message_too_large",
+        )
+    return loads(raw)
 
 
 def error(e: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:
