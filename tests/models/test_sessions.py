@@ -110,8 +110,8 @@ def test_the_audio_encoder_encodes_each_clip_of_a_conversation_once(tiny_dir: Pa
     kept, fresh = pipeline(), pipeline()
     encoded: list[int] = []
     ex = kept.stages["audio_encoder"].executor
-    encode = ex._encode_clips  # type: ignore[attr-defined]
-    ex._encode_clips = lambda todo: encoded.append(len(todo)) or encode(todo)  # type: ignore[attr-defined]
+    encode = ex._encode_windows  # type: ignore[attr-defined]
+    ex._encode_windows = lambda todo: encoded.append(len(todo)) or encode(todo)  # type: ignore[attr-defined]
     one = [SYSTEM, user("First.", audio=True)]
     got = turn(kept, "a", one, session_id="s")
     two = [*one, {"role": "assistant", "content": got["text"]}]

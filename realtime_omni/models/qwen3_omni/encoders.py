@@ -6,10 +6,9 @@ AudioEncoderExecutor: `mel` [128, T] and `audio_lengths` [n] in (see preprocessi
 first K layers). A request without audio (or images) passes through as `{n: 0}`.
 
 Batching: the requests waiting at one step (up to the stage's `max_batch`) go through one
-forward, their clips (or images) side by side as the towers take several anyway; each clip is
-encoded on its own inside the tower (the audio tower's windows and the vision tower's
-attention never cross a clip), so the outputs are split back per request by the tokens each
-clip makes.
+forward, their audio windows (or images) side by side as the towers take several anyway;
+nothing attends across a window (or an image), so the outputs are split back by the tokens
+each makes.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ class _EncoderExecutor:
         self.model = load_part(d, self.part, ctx.device, self.dtype, load_config(d))
         self.max_batch = ctx.max_batch
         self.todo: dict[str, dict[str, Any]] = {}  # request -> its input tensors (and notes)
+        self.shares: dict[str, float] = {}  # what the last step computed for each request
 
     def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
         (payload,) = inputs.values()
@@ -55,6 +55,7 @@ class _EncoderExecutor:
         return bool(self.todo)
 
     def step(self) -> list[Emit]:
+        self.shares = {}
         batch = list(self.todo)[: self.max_batch]
         work = [rid for rid in batch if self.todo[rid]]
         outs = (
@@ -74,46 +75,82 @@ class _EncoderExecutor:
 
 
 class AudioEncoderExecutor(_EncoderExecutor):
-    """Every turn carries the conversation's earlier clips again, so the embeddings of the
-    clips seen last are kept (by their mel's digest, at most `params.cache_clips`, default 256,
-    least recently used out): a clip is encoded once per conversation, not once per turn."""
+    """Audio in the tower's own windows, each encoded once and kept.
+
+    The tower cuts a clip's mel into chunks of `2 x n_window` frames (1 s) from the clip's
+    start, convolves each chunk alone (its positions restart at every chunk) and attends only
+    within windows of `n_window_infer` frames (8 s in Qwen3-Omni) from the clip's start. A
+    window's outputs thus depend on its own frames alone: encoding a clip window by window, each
+    window a clip of its own side by side, gives the whole clip's outputs (to the bit on a CPU:
+    tests/models/test_prefill_while_speaking.py). Every turn carries the conversation's earlier
+    audio again, and prefill while speaking sends a turn's audio again with more appended, so
+    each window's embeddings are kept by the digest of its mel frames (at most
+    `params.cache_windows`, default 512, least recently used out): a clip is encoded once per
+    conversation, and a growing one encodes its new windows and its last, partial, window again.
+
+    What stays the same is decided by the features, so reuse is exact, never approximate: the
+    feature extractor floors a clip's log-mel at its maximum minus 8 (80 dB), so audio louder
+    than all before it changes every floored value of the clip, and a clip's last frames see its
+    end (reflected, or zeros when another clip of the request is longer). A window whose
+    features changed has another digest and is encoded again. Windows of 8 s mean a turn
+    shorter than that reuses none of its own audio: its prefix ends where its audio begins.
+    """
 
     part = "audio_encoder"
 
     def __init__(self, ctx: StageContext) -> None:
         super().__init__(ctx)
-        self.cache_clips = int(ctx.params.get("cache_clips", 256))
+        cfg = self.model.config
+        chunk = 2 * cfg.n_window
+        self.window_frames = max(1, cfg.n_window_infer // chunk) * chunk
+        self.cache_windows = int(ctx.params.get("cache_windows", 512))
         self.cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
 
     def add_request(self, request_id: str, inputs: dict[str, Payload]) -> None:
         super().add_request(request_id, inputs)
         todo = self.todo[request_id]
-        if todo:  # the clips' lengths and digests, from the host arrays: no device round trip
+        if todo:  # the windows' places and digests, from the host arrays: no device round trip
             (payload,) = inputs.values()
-            lengths = [int(n) for n in payload["audio_lengths"]]
-            clips = np.split(payload["mel"], np.cumsum(lengths)[:-1], axis=1)
-            todo["lengths"] = lengths
-            todo["clips"] = [hashlib.blake2b(c.tobytes(), digest_size=16).digest() for c in clips]
+            mel = payload["mel"]
+            windows = []  # (digest, first frame in `mel`, frames)
+            start = 0
+            for n in (int(x) for x in payload["audio_lengths"]):
+                for a in range(start, start + n, self.window_frames):
+                    b = min(start + n, a + self.window_frames)
+                    key = hashlib.blake2b(mel[:, a:b].tobytes(), digest_size=16).digest()
+                    windows.append((key, a, b - a))
+                start += n
+            todo["windows"] = windows
+            todo["request_id"] = request_id
+
+    def step_shares(self) -> dict[str, float]:
+        """Audio tokens encoded for each request in the last step (a window two requests
+        needed counts half to each); kept windows cost nothing."""
+        return self.shares
 
     def _encode(self, batch: list[dict[str, Any]]) -> list[Payload]:
-        todo: dict[bytes, torch.Tensor] = {}  # clips to encode now: digest -> mel
+        todo: dict[bytes, torch.Tensor] = {}  # windows to encode now: digest -> mel
+        wanted: dict[bytes, int] = {}  # how many requests of the step need each
         for b in batch:
-            for mel, key in zip(b["mel"].split(b["lengths"], dim=1), b["clips"], strict=True):
+            for key, a, n in b["windows"]:
                 if key not in self.cache:
-                    todo[key] = mel
-        if todo:
-            self._encode_clips(todo)
+                    todo.setdefault(key, b["mel"][:, a : a + n])
+                    wanted[key] = wanted.get(key, 0) + 1
+        made = self._encode_windows(todo) if todo else {}
         out = []
-        for keys in (b["clips"] for b in batch):
-            for k in keys:
-                self.cache.move_to_end(k)
-            out.append({"audio_embeds": torch.cat([self.cache[k] for k in keys])})
-        while len(self.cache) > self.cache_clips:
+        for b in batch:
+            for key, _, _ in b["windows"]:
+                self.cache.move_to_end(key)
+            out.append({"audio_embeds": torch.cat([self.cache[k] for k, _, _ in b["windows"]])})
+            rid = b["request_id"]
+            self.shares[rid] = sum(made[k] / wanted[k] for k, _, _ in b["windows"] if k in made)
+        while len(self.cache) > self.cache_windows:
             self.cache.popitem(last=False)
         return out
 
-    def _encode_clips(self, todo: dict[bytes, torch.Tensor]) -> None:
-        """One tower forward for every new clip, side by side (they never attend across)."""
+    def _encode_windows(self, todo: dict[bytes, torch.Tensor]) -> dict[bytes, int]:
+        """One tower forward for every new window, each as a clip of its own, side by side
+        (they never attend across); gives the tokens each made."""
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             _get_feat_extract_output_lengths,
         )
@@ -126,6 +163,7 @@ class AudioEncoderExecutor(_EncoderExecutor):
         made = _get_feat_extract_output_lengths(lengths).tolist()
         for key, e in zip(todo, embeds.split(made), strict=True):
             self.cache[key] = e.clone()  # owned, not a view of the whole batch
+        return dict(zip(todo, made, strict=True))
 
 
 class ImageEncoderExecutor(_EncoderExecutor):

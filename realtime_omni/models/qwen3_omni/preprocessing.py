@@ -7,7 +7,10 @@ Request payload (from the caller):
   audio as 16 kHz mono float32 [n], an image as uint8 [H, W, 3];
 - optional sampling fields passed on unchanged: `temperature`, `top_p`, `top_k`, `seed`,
   `max_tokens` (thinker), `speaker` and `talker_*` (talker); `session_id` (thinker and
-  talker: the conversation whose KV caches the turn may continue).
+  talker: the conversation whose KV caches the turn may continue); `prefill_only` (thinker.py:
+  prefill the conversation for its session and answer nothing). A prefill-only request leaves
+  out the images of its last message that follow the message's last audio: the audio still
+  grows, so nothing after it can be reused, and encoding them would be wasted.
 
 Outputs (to the stages present downstream): thinker `input_ids`, `image_grid_thw`,
 `audio_lengths` and the thinker fields; audio_encoder `mel` [128, T] float32 (every audio's
@@ -29,6 +32,7 @@ from realtime_omni.pipeline.executor import Emit, StageContext
 Payload = dict[str, Any]
 THINKER_FIELDS = (
     "temperature", "top_p", "top_k", "seed", "max_tokens", "session_id", "text_only",
+    "prefill_only",
 )  # fmt: skip
 
 
@@ -69,6 +73,8 @@ class PreprocessingExecutor:
         self.todo.pop(request_id, None)
 
     def _prepare(self, payload: Payload) -> dict[str, Payload]:
+        if payload.get("prefill_only"):
+            payload = {**payload, "messages": _without_trailing_images(payload["messages"])}
         enc, audios, images = encode_conversation(self.processor, payload, "np")
         ids = np.asarray(enc["input_ids"][0], dtype=np.int64)
         shared: Payload = {"input_ids": ids}
@@ -103,6 +109,18 @@ class PreprocessingExecutor:
             "audio_encoder": audio,
             "image_encoder": image,
         }
+
+
+def _without_trailing_images(messages: list[Payload]) -> list[Payload]:
+    """`messages` with the images of the last message that come after its last audio left out."""
+    if not messages or isinstance(messages[-1]["content"], str):
+        return messages
+    parts = messages[-1]["content"]
+    audio = [i for i, p in enumerate(parts) if p["type"] == "audio"]
+    if not audio:
+        return messages
+    kept = [p for i, p in enumerate(parts) if i <= audio[-1] or p["type"] != "image"]
+    return [*messages[:-1], {**messages[-1], "content": kept}]
 
 
 def encode_conversation(

@@ -2,8 +2,9 @@
 
 Inputs (once, from `wait_for`): `input_ids` [L] int64 with `image_grid_thw` [n, 3] and
 `audio_lengths` [n] when the prompt has images or audio, plus the request's sampling fields
-(`temperature`, `top_p`, `top_k`, `seed`, `max_tokens`); `audio_embeds` [Na, D] from the audio
-encoder; `image_embeds` [Ni, D] and `deepstack` [K, Ni, D] from the image encoder.
+(`temperature`, `top_p`, `top_k`, `seed`, `max_tokens`) and `prefill_only`; `audio_embeds`
+[Na, D] from the audio encoder; `image_embeds` [Ni, D] and `deepstack` [K, Ni, D] from the image
+encoder.
 
 Outputs per generated token k: to the text stage (`params.text_to`, default `decode`)
 `{token_id, index, token_time, last}`; to the speech stage (`params.speech_to`, default
@@ -42,9 +43,19 @@ the longest common prefix of those inputs and its own prompt, compared as input 
 replaced audio clip of the same length is not taken for the old one): a new user turn after the
 answer as generated, or, after a barge-in, after the answer cut where it was heard. Anything else
 (another history, a deleted item) shares a shorter prefix, down to none: a full prefill, with the
-same result. Kept sessions are bounded by `params.session_cache_tokens` (default 65,536), by the
-cache rows and by the pool's blocks, which running requests take first; the least recently used
-goes first.
+same result. A turn aborted in its prefill keeps the prefix it computed.
+
+Prefill while the person speaks (`prefill_only: true`, with `session_id`): the prompt (the
+conversation with the turn's audio so far) is prefilled like any other, then the request ends
+with `done` and no token, so the text and speech stages get an empty stream and the talker and
+code2wav compute nothing for it; its row is kept for its session. The session's next request
+(the turn's next chunk, or its answer) then prefills only what follows the common prefix: the
+audio encoder's windows decide how far that reaches (encoders.py). A request waits while an
+earlier prefill-only request of its session still prefills, so it takes that row once kept
+instead of a fresh one.
+
+Kept sessions are bounded by `params.session_cache_tokens` (default 65,536), by the cache rows and
+by the pool's blocks, which running requests take first; the least recently used goes first.
 """
 
 from __future__ import annotations
@@ -93,6 +104,7 @@ class _Request:
     session: str | None = None
     text_only: bool = False  # a text answer (or one now writing a function call): no speech
     tool_calls: bool = False  # tools were given: <tool_call> means a call
+    prefill_only: bool = False  # prefill the prompt for its session, make no token
     row: int | None = None  # its BlockCache row, from the start of its prefill to its end
     embeds: torch.Tensor | None = None  # [L, D] the prompt's input embeddings, while prefilling
     pos: torch.Tensor | None = None  # [4, 1, L] its positions, while prefilling
@@ -162,6 +174,7 @@ class ThinkerExecutor(HoldsRequests):
         self.last_decode = float("-inf")  # when the last decode step began (`clock`)
         self.reqs: dict[str, _Request] = {}
         self.refused: dict[str, str] = {}  # requests the KV pool could not take, and why
+        self.shares: dict[str, float] = {}  # tokens each request had computed in the last step
 
     # ---- executor contract ---------------------------------------------------------------
 
@@ -192,6 +205,7 @@ class ThinkerExecutor(HoldsRequests):
             session=str(merged["session_id"]) if merged.get("session_id") else None,
             text_only=bool(merged.get("text_only", False)),
             tool_calls=bool(merged.get("tool_calls", False)),
+            prefill_only=bool(merged.get("prefill_only", False)),
         )
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
@@ -221,6 +235,7 @@ class ThinkerExecutor(HoldsRequests):
         """Decode one token of every running request together, then prefill new prompts.
         A request the KV pool had no blocks for is failed in the next step, before any forward
         (raising mid-step would lose the step's tokens of the others)."""
+        self.shares = {}
         if self.refused:
             rid, why = self.refused.popitem()
             raise ExecutorError(rid, why)
@@ -234,10 +249,16 @@ class ThinkerExecutor(HoldsRequests):
         if decoding:
             self.last_decode = self.clock()  # its start: a token every interval, however long
         emits = self._decode(decoding) if decoding else []
+        self.shares = dict.fromkeys(decoding, 1.0)
         budget = self.prefill_budget
+        filling: set[str] = set()  # sessions with a prefill-only request still prefilling
         for rid, r in list(running.items()):
             if r.decoding or rid not in self.reqs:
                 continue
+            if r.session in filling:
+                continue  # it will keep its row for this one: take it then, not a fresh one
+            if r.prefill_only and r.session is not None:
+                filling.add(r.session)
             if budget <= 0 or (r.row is None and not self.sessions.make_room(r.session)):
                 break  # first come, first served: later prompts wait their turn
             if r.row is None:
@@ -249,8 +270,14 @@ class ThinkerExecutor(HoldsRequests):
                 self._refuse(rid)
                 continue
             budget -= n
+            self.shares[rid] = float(n)
             emits += self._prefill_chunk(rid, r, n)
         return emits
+
+    def step_shares(self) -> dict[str, float]:
+        """Tokens computed for each request in the last step (a decode row 1, a prefill chunk
+        its tokens): how the step's time divides among them."""
+        return self.shares
 
     def _refuse(self, rid: str) -> None:
         """Drop a request the KV pool cannot hold, even with every kept session evicted."""
@@ -264,12 +291,21 @@ class ThinkerExecutor(HoldsRequests):
         return self.cache.blocks_in_use(), self.cache.blocks, self.sessions.evictions
 
     def abort(self, request_id: str) -> None:
-        """Drop the request; a session's turn leaves its cache row for the next turn."""
+        """Drop the request; a session's turn leaves its cache row for the next turn, with
+        what it holds: the prompt and the answer's fed tokens, or a prompt's part prefilled."""
         r = self.reqs.pop(request_id, None)
         if r is None or r.row is None:
             return
-        if r.session is None or r.prompt is None:
+        if r.session is None or (r.prompt is None and (r.embeds is None or not r.prefilled)):
             self.cache.free(r.row)
+            return
+        if r.prompt is None:  # cut short in its prefill: keep the prefix it computed
+            assert r.embeds is not None
+            hs0 = hidden = None
+            if r.hidden:
+                hs0 = torch.cat([h[0] for h in r.hidden])
+                hidden = torch.cat([h[1] for h in r.hidden])
+            self.sessions.keep(r.session, r.row, r.embeds[: r.prefilled], (hs0, hidden))
             return
         fed = r.tokens[:-1]  # the last token made was never fed back: it has no keys yet
         gen = self.embed(torch.tensor(fed, dtype=torch.long, device=self.device))
@@ -351,9 +387,13 @@ class ThinkerExecutor(HoldsRequests):
         if self.speech:
             hs0 = torch.cat([h[0] for h in r.hidden])
             hidden = torch.cat([h[1] for h in r.hidden])
-            rows = self._prompt_rows(r.ids, hs0, hidden)
+            if not r.prefill_only:
+                rows = self._prompt_rows(r.ids, hs0, hidden)
         if r.session is not None:
             r.prompt = _Prompt(r.embeds, hs0, hidden)
+        if r.prefill_only:  # its row stays with its session (`abort`), holding the prompt
+            self.abort(rid)
+            return [Emit(rid, done=True)]
         r.next_pos = r.pos[..., -1:] + 1
         r.embeds = r.pos = None
         r.hidden = []
