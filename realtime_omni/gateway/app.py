@@ -146,14 +146,19 @@ class Gateway:
         self.trimmer.soon()
 
     def summary(self) -> dict[str, Any]:
-        """p50/p99/n of each measurement over closed and live sessions."""
+        """p50/p99/n/sum of each measurement over closed and live sessions."""
         out: dict[str, Any] = {}
         keys = set(self.metrics).union(*(s.metrics for s in self.sessions))
         for k in sorted(keys):
             vals = [*self.metrics.get(k, ()), *(x for s in self.sessions for x in s.metrics[k])]
             if vals:
                 p50, p99 = np.percentile(vals, [50, 99])
-                out[k] = {"p50": round(float(p50), 2), "p99": round(float(p99), 2), "n": len(vals)}
+                out[k] = {
+                    "p50": round(float(p50), 2),
+                    "p99": round(float(p99), 2),
+                    "n": len(vals),
+                    "sum": round(float(np.sum(vals)), 2),
+                }
         return out
 
     def new_session(

@@ -190,19 +190,22 @@ class Conversation:
         instructions: str = "",
         max_bytes: int | None = None,
         image: np.ndarray | None = None,
+        extra: Item | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
         """The request payload of preprocessing.py's contract: `messages` and named arrays.
 
         `image` (the latest camera frame) joins the last user message. Arrays beyond
         `max_bytes` are left out oldest first (the entry edge's slot size bounds a payload).
+        `extra`: an item after the conversation's, not in it (a turn still being spoken).
         """
         arrays: list[tuple[int, int, Part]] = []  # (message index, part index, part)
         messages: list[dict[str, Any]] = []
         if instructions:
             messages.append({"role": "system", "content": instructions})
-        last_user = max((i for i, it in enumerate(self.items) if it.role == "user"), default=-1)
-        for i, it in enumerate(self.items):
+        items = [*self.items, extra] if extra is not None else self.items
+        last_user = max((i for i, it in enumerate(items) if it.role == "user"), default=-1)
+        for i, it in enumerate(items):
             parts = list(it.parts)
             if i == last_user and image is not None:
                 parts.append(Part("image", image=image))

@@ -98,6 +98,7 @@ from realtime_omni.gateway.session.responses import Responses
 from realtime_omni.gateway.session.transcribe import Transcriptions
 from realtime_omni.gateway.turns.end_of_turn import Ask
 from realtime_omni.gateway.turns.taking import (
+    Abandon,
     Action,
     AskEndOfTurn,
     BargeIn,
@@ -105,6 +106,7 @@ from realtime_omni.gateway.turns.taking import (
     IdleTimeout,
     Pause,
     Resume,
+    Speculate,
     SpeechStart,
     TurnEnd,
     TurnTaker,
@@ -176,7 +178,14 @@ class Session:
         self.playout = Playout(output_rate_hz or self.settings.output_format.rate_hz)
         self.metrics: dict[str, deque[float]] = {
             k: deque(maxlen=_METRIC_LEN)
-            for k in ("token_to_audio_ms", "first_audio_ms", "barge_in_to_silence_ms", "abort_ms")
+            for k in (
+                "token_to_audio_ms",
+                "first_audio_ms",
+                "barge_in_to_silence_ms",
+                "abort_ms",
+                "answer_compute_ms",  # what each answer's request cost the stages, in all
+                "discarded_compute_ms",  # the same, of each preemptive answer abandoned
+            )
         }
         self.outbox = Outbox()  # the server events, to the transport and its listeners
         self.audio_written = asyncio.Event()  # set on every playout write; a sender may clear it
@@ -228,8 +237,11 @@ class Session:
             return
         self._closed = True
         self._disarm_idle()
+        discard = self.responses.abandon()
         with contextlib.suppress(OmniError):
             await self.cancel_response("client_cancelled")
+            if discard is not None:
+                await discard  # its abort, before the session's tasks are cancelled
         for t in [self._vad_task, *self._tasks]:
             if t is not None:
                 t.cancel()
@@ -413,6 +425,7 @@ class Session:
             self.hearing.push(self.echo.beside(x), self.input.end, time.monotonic())
 
     def _clear_input(self) -> None:
+        self.responses.abandon()  # an answer held for the turn that is dropped
         self.input.clear()
         self.hearing.reset(self.input.end)
         self.turns.clear(self.input.end * 1000 / INPUT_RATE_HZ)
@@ -493,6 +506,14 @@ class Session:
                 self._emit("input_audio_buffer.cleared")
             elif isinstance(a, IdleTimeout):
                 self._idle_timeout()
+            elif isinstance(a, Speculate):
+                start = a.audio_start_ms * INPUT_RATE_HZ // 1000
+                pcm = self.input.slice(start, a.audio_end_ms * INPUT_RATE_HZ // 1000)
+                turn = Item(a.item_id, "user", [Part("audio", audio=pcm)])
+                if not self.responses.speculate(turn, time.monotonic()):
+                    self.turns.held_end_ms = None  # none is computed: the turn ends as usual
+            elif isinstance(a, Abandon):
+                self.responses.abandon()
 
     async def _judge_end_of_turn(self, ask: Ask, audio: np.ndarray) -> None:
         """The speech paused: if the end-of-turn model hears the turn complete, it ends now."""
@@ -555,9 +576,15 @@ class Session:
         )
         start = turn.audio_start_ms * INPUT_RATE_HZ // 1000
         end = turn.audio_end_ms * INPUT_RATE_HZ // 1000
-        pcm = self.input.slice(start, end)
+        # A held answer heard the turn up to its pause: the turn is that audio (the silence
+        # after it is nobody's words), so the answer released is the one it would start now.
+        kept = end if turn.held_end_ms is None else turn.held_end_ms * INPUT_RATE_HZ // 1000
+        pcm = self.input.slice(start, kept)
         self.input.trim(end)
         self._commit_audio(pcm, turn.item_id)
+        if turn.held_end_ms is not None and self.responses.release(turn.item_id, time.monotonic()):
+            return
+        self.responses.abandon()
         if turn.respond and self.responses.active is None:
             try:
                 self.responses.start({}, time.monotonic())

@@ -46,6 +46,14 @@ class Response:
     text_tokens: int = 0  # the thinker's tokens that came out (decode's outputs)
     input_tokens: int = 0  # the prompt's, all of it (its first token says)
     cached_tokens: int = 0  # of which the thinker's kept cache held (not prefilled again)
+    # A preemptive answer (`turns/preempt.py`) computed before its turn ended: nothing of it
+    # is sent or played while `held`; its outputs wait in `held_out` (audio at the playout's
+    # rate with its token time, or the answer's text pieces and calls) until it is released.
+    held: bool = False
+    user_item_id: str | None = None  # the turn it answers
+    held_out: list[tuple[Any, float | None]] = field(default_factory=list)
+    held_ms: float = 0.0  # the audio in `held_out`
+    stream: Any = None  # its request's stream, once submitted (what it cost: `compute_s`)
 
     def usage(self) -> dict[str, Any]:
         """OpenAI's `usage`: the thinker's tokens; the talker's audio tokens at Qwen3-Omni's

@@ -3,12 +3,16 @@ and the events, finish it, cancel it (a barge-in, `response.cancel`, a hang-up).
 
 `Responses` owns the active response (at most one), the id of the last one to finish and which
 item belongs to which active response; it plays into its session's playout and announces on its
-session's event channel. Everything runs in the session's event loop.
+session's event channel. A preemptive answer (`speculate`) is computed for a turn that has not
+ended yet and `held`: nothing of it is sent or played until `release` makes it the active
+response (the turn ended as it was when it started) or `abandon` aborts it unseen (the person
+went on). Everything runs in the session's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -16,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.media.audio import MODEL_RATE_HZ, Resampler
 from realtime_omni.gateway.media.playout import Playout, PlayoutFull
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
+HELD_MS = 480.0  # a held answer computes this much audio ahead, then waits to be released
 
 
 class Responses:
@@ -39,7 +45,8 @@ class Responses:
     def __init__(self, session: Session) -> None:
         self.s = session
         self.active: Response | None = None
-        self._task: asyncio.Task[None] | None = None  # the active response's
+        self.held: Response | None = None  # a preemptive answer, computed but not shown
+        self._task: asyncio.Task[None] | None = None  # the active (or held) response's
         # Set once the active response's first audio was read out, or it ended without: what
         # waits to go after it (an input transcription) waits on it. A new one per response.
         self.audible = asyncio.Event()
@@ -72,8 +79,82 @@ class Responses:
                 f"the conversation already has an active response ({self.active.id})",
                 code="conversation_already_has_active_response",
             )
+        self.abandon()  # a held answer to something else
+        self._truncate(self.s.settings.truncation)
+        resp = self._new(overrides, turn_end)
+        self._open(resp)
+        self._task = asyncio.create_task(self._run(resp))
+        return resp
+
+    def speculate(self, user: Item, now: float) -> bool:
+        """Start the answer to `user` (the turn so far, not in the conversation) and hold it:
+        nothing is sent or played. False when none can start now (an answer is active or held,
+        or the conversation would have to be truncated to carry the turn)."""
+        if self.active is not None or self.held is not None:
+            return False
+        room = self.s.max_payload_bytes
+        if room is not None:
+            video = self.s._video.nbytes if self.s._video is not None else 0
+            turn = sum(p.audio.nbytes for p in user.parts if p.audio is not None)
+            if self.s.conversation.array_bytes() + turn + video > room:
+                return False
+        resp = self._new({}, now, extra=user)
+        resp.held, resp.user_item_id = True, user.id
+        self.held = resp
+        self._task = asyncio.create_task(self._run(resp))
+        return True
+
+    def release(self, user_item_id: str, turn_end: float) -> bool:
+        """The turn `user_item_id` ended as the held answer heard it (its item is in the
+        conversation now): that answer becomes the active response, and what it computed is
+        sent and played at once. False: no answer to it is held (the caller starts one)."""
+        resp = self.held
+        if resp is None or resp.user_item_id != user_item_id or self.active is not None:
+            return False
+        self.held = None
+        resp.turn_end = turn_end
+        self._open(resp)
+        resp.held = False
+        for out, token_time in resp.held_out:
+            if isinstance(out, np.ndarray):
+                self._write_audio(resp, out, token_time)
+            else:
+                self._on_piece(resp, out, token_time)
+        resp.held_out = []
+        self.s.audio_read.set()  # its request may run on past the hold
+        return True
+
+    def abandon(self) -> asyncio.Task[None] | None:
+        """The held answer is not wanted (the person went on talking): its request is aborted
+        in every stage, in the background (the task given); nothing of it was or will be sent."""
+        resp, self.held = self.held, None
+        if resp is None:
+            return None
+        resp.muted = True
+        task, self._task = self._task, None
+        return self.s._track(self._discard(resp, task))
+
+    async def _discard(self, resp: Response, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.s.coord.abort(resp.id)
+        await self._charge(resp, "discarded_compute_ms")
+
+    async def _charge(self, resp: Response, metric: str) -> None:
+        """Record what the response's request cost the stages, in all, once it is known."""
+        stream = resp.stream
+        if stream is None or not hasattr(stream, "settled"):
+            return
+        with contextlib.suppress(TimeoutError):
+            await within(stream.settled.wait(), 10.0)
+        self.s._metric(metric, 1e3 * sum(stream.compute_s.values()))
+
+    def _new(
+        self, overrides: dict[str, Any], turn_end: float, extra: Item | None = None
+    ) -> Response:
+        """A response to the conversation (and `extra`, a turn not in it yet), not started."""
         s = self.s.settings
-        self._truncate(s.truncation)
         want = self.s._fixed_rate or s.output_format.rate_hz
         if want != self.s.playout.rate_hz and self.s.playout.queued == 0:
             self.s.playout = Playout(want)
@@ -89,6 +170,7 @@ class Responses:
             else None,
             session_id=self.s.id,  # the stages may keep this conversation's state between turns
             text_only=True if text_only else None,
+            extra=extra,
             **_tools_payload(
                 overrides.get("tools", s.tools), overrides.get("tool_choice", s.tool_choice)
             ),
@@ -98,25 +180,27 @@ class Responses:
         resp = Response(new_id("resp"), item, payload, turn_end, overrides=overrides)
         resp.max_tokens = payload.get("max_tokens")
         resp.text_only = text_only
+        return resp
+
+    def _open(self, resp: Response) -> None:
+        """`resp` is the active response: announced, its item in the conversation."""
         self.active = resp
         self.audible = asyncio.Event()
-        self.item_response[item.id] = resp.id
+        self.item_response[resp.item.id] = resp.id
         self.s._send(resp.opening())
-        self.s._send(resp.item_added(self.s._add(item)))
-        self._task = asyncio.create_task(self._run(resp))
+        self.s._send(resp.item_added(self.s._add(resp.item)))
         self.s._disarm_idle()
-        return resp
 
     async def _run(self, resp: Response) -> None:
         SESSION.set(self.s.id)
         REQUEST.set(resp.id)  # the pipeline request id: log lines of the response carry it
         try:
-            stream = await self.s.coord.submit(resp.payload, resp.id)
+            stream = resp.stream = await self.s.coord.submit(resp.payload, resp.id)
             resp.payload = {}  # the arrays are in the pipeline now
             try:
                 it = stream.__aiter__()
                 while True:
-                    await self._hold_lead()
+                    await self._hold_lead(resp)
                     try:
                         out = await it.__anext__()
                     except StopAsyncIteration:
@@ -128,6 +212,9 @@ class Responses:
                 stream.close()
             if resp.resampler is not None:
                 self._write_audio(resp, resp.resampler.flush(), None)
+            while resp.held:  # all of it computed before its turn ended
+                self.s.audio_read.clear()
+                await self.s.audio_read.wait()
             while self.s.playout.queued_of(resp.item.id) > 0:  # done once it has been heard
                 self.s.audio_read.clear()
                 await self.s.audio_read.wait()
@@ -156,9 +243,12 @@ class Responses:
         else:
             self._finish(resp, "completed", None)
 
-    async def _hold_lead(self) -> None:
-        """Wait while the playout queue is `max_lead_ms` ahead of what has been played."""
-        while self.s.playout.queued_ms > self.s.max_lead_ms:
+    async def _hold_lead(self, resp: Response) -> None:
+        """Wait while the playout queue is `max_lead_ms` ahead of what has been played, or a
+        held answer has `HELD_MS` of audio waiting."""
+        while self.s.playout.queued_ms > self.s.max_lead_ms or (
+            resp.held and resp.held_ms >= HELD_MS
+        ):
             self.s.audio_read.clear()
             await self.s.audio_read.wait()
 
@@ -178,6 +268,9 @@ class Responses:
 
     def _on_piece(self, resp: Response, piece: str | Call, token_time: float | None) -> None:
         """Words of the answer, or a function call the model made."""
+        if resp.held:
+            resp.held_out.append((piece, token_time))
+            return
         if isinstance(piece, Call):
             item, after = resp.call(piece)
             self.s._send(resp.call_made(item, piece, self.s._add(item, after)))
@@ -187,13 +280,21 @@ class Responses:
     def _write_audio(self, resp: Response, pcm: np.ndarray, token_time: float | None) -> None:
         if not len(pcm) or resp.muted:
             return
+        if resp.held:
+            resp.held_out.append((pcm, token_time))
+            resp.held_ms += len(pcm) * 1000 / self.s.playout.rate_hz
+            return
         self.s.playout.write(resp.item.id, pcm, token_time)
         self.s.audio_written.set()
         resp.item.add_audio(len(pcm) * 1000 / self.s.playout.rate_hz, token_time)
 
     def _finish(self, resp: Response, status: Status, details: Any) -> None:
+        if resp is self.held:  # failed before its turn ended, unseen: the turn's end starts anew
+            self.held = None
+            return
         if self.active is not resp:
             return
+        self.s._track(self._charge(resp, "answer_compute_ms"))
         self.active = None
         self.audible.set()
         # Speech that began over the answer is still judged when the answer ends: a blip (the

@@ -55,6 +55,10 @@ class TurnParams:
     # talking over the far end, so an early interruption is silenced later with it than without
     # (`benchmarks/README.md`, turns.py). So it is off by default.
     echo_gate_aec: bool = False
+    # Preemptive answers (`preempt.Preempt`): once the person has paused this long mid-turn,
+    # the answer to what they said so far is computed and held back; it is released the moment
+    # the turn is judged over, or aborted unseen if they go on. None: answers start at the end.
+    preemptive_ms: int | None = 160
 
 
 class TurnPolicy:

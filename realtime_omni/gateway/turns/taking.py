@@ -20,10 +20,13 @@ input buffer and the playout, and does what the actions say:
 | `BargeIn` | flushes the answer's audio and cancels it |
 | `AskEndOfTurn` | runs the end-of-turn model on the turn's audio, then calls `end_of_turn` |
 | `IdleTimeout` | commits what the microphone heard and asks for an answer |
+| `Speculate` | starts the answer to the turn so far, held back (nothing sent) |
+| `Abandon` | aborts the held answer, sends nothing |
 
 The rules themselves live in the plain machines this one drives: `vad.ServerVad` (OpenAI's
 `server_vad`), `end_of_turn.EndOfTurn` (`semantic_vad`), `policy.TurnPolicy` (speech over the
-bot) and `echo.EchoGate` (the bot's own voice coming back).
+bot), `echo.EchoGate` (the bot's own voice coming back) and `preempt.Preempt` (answers computed
+from a pause on, shown once the turn ends).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from realtime_omni.gateway.protocol.settings import TurnDetection
 from realtime_omni.gateway.turns.echo import EchoGate
 from realtime_omni.gateway.turns.end_of_turn import SEMANTIC_TIMEOUT_MS, Ask, EndOfTurn
 from realtime_omni.gateway.turns.policy import Decision, TurnParams, TurnPolicy
+from realtime_omni.gateway.turns.preempt import Preempt
 from realtime_omni.gateway.turns.vad import ServerVad, SpeechStarted, SpeechStopped, VadParams
 
 
@@ -52,6 +56,25 @@ class TurnEnd:
     audio_start_ms: int  # the turn's audio: [start, end) of the input, in ms of input audio
     audio_end_ms: int
     respond: bool  # `create_response`: answer it (when no answer is active)
+    # An answer to the turn up to here was computed at its last pause and held (`Speculate`):
+    # the turn keeps its audio up to here (the silence after is not the person's) and that
+    # answer is released. None: none is held.
+    held_end_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Speculate:
+    """The person paused (`preemptive_ms` of silence): compute the answer to the turn so far
+    and hold it back, sending nothing, until the turn ends or they go on."""
+
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """The person went on talking after a `Speculate`: abort its answer, send nothing."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +112,18 @@ class IdleTimeout:
     """No speech for `idle_timeout_ms` after an answer was heard: answer anyway."""
 
 
-Action = SpeechStart | TurnEnd | Discard | Pause | Resume | BargeIn | AskEndOfTurn | IdleTimeout
+Action = (
+    SpeechStart
+    | TurnEnd
+    | Discard
+    | Pause
+    | Resume
+    | BargeIn
+    | AskEndOfTurn
+    | IdleTimeout
+    | Speculate
+    | Abandon
+)
 
 
 class TurnTaker:
@@ -108,6 +142,8 @@ class TurnTaker:
         self.turn_item_id: str | None = None  # the user item a detected speech will become
         self.turn_start_ms = 0
         self.idle_deadline: float | None = None  # when `idle` answers with an IdleTimeout
+        self.preempt = self._preempt()  # None: no answer starts before the turn ends
+        self.held_end_ms: int | None = None  # a `Speculate`'s, until its answer goes
 
     # ---- what the session reads -------------------------------------------------------
 
@@ -149,6 +185,7 @@ class TurnTaker:
         """New `turn_detection`; the caller clears its input and calls `clear` next."""
         self.detection = detection
         self.vad = ServerVad(self._vad_params())
+        self.preempt = self._preempt()
 
     def clear(self, elapsed_ms: float) -> None:
         """The input was cleared at `elapsed_ms` of input audio: no turn is in progress, the VAD
@@ -158,6 +195,8 @@ class TurnTaker:
         self.eot.reset()
         self.turn_item_id = None
         self.policy = TurnPolicy(self._turn_params(), self.vad.params.threshold)
+        self.preempt = self._preempt()  # a held answer is the caller's to abandon
+        self.held_end_ms = None
 
     def window(
         self,
@@ -189,6 +228,14 @@ class TurnTaker:
             out += decided
             if decided and isinstance(decided[-1], Discard):
                 return out  # a discarded blip: its stop, if the VAD saw one, is no turn
+        if self.preempt is not None:
+            verdict = self.preempt.feed(prob, ev, free=not responding)
+            if verdict == "speculate" and self.turn_item_id is not None:
+                self.held_end_ms = round(self.vad.elapsed_ms)
+                out.append(Speculate(self.turn_item_id, self.turn_start_ms, self.held_end_ms))
+            elif verdict == "abandon":
+                self.held_end_ms = None
+                out.append(Abandon())
         if isinstance(ev, SpeechStopped):
             out.append(self._turn_end(ev))
         return out
@@ -205,7 +252,10 @@ class TurnTaker:
         """The end-of-turn model's answer to `ask`: the turn may end now."""
         if self.eot.answer(ask, p_complete) and self.vad.speaking and not self.policy.paused:
             self.eot.reset()
-            return [self._turn_end(self.vad.stop())]
+            stop = self.vad.stop()
+            if self.preempt is not None:
+                self.preempt.feed(0.0, stop, free=False)  # the turn is over: nothing to abandon
+            return [self._turn_end(stop)]
         return []
 
     def truncated(self) -> bool:
@@ -259,7 +309,14 @@ class TurnTaker:
         assert td is not None
         item_id = self.turn_item_id or new_id("item")
         self.turn_item_id = None
-        return TurnEnd(item_id, self.turn_start_ms, ev.audio_end_ms, td.create_response)
+        held, self.held_end_ms = self.held_end_ms, None
+        return TurnEnd(item_id, self.turn_start_ms, ev.audio_end_ms, td.create_response, held)
+
+    def _preempt(self) -> Preempt | None:
+        td = self.detection
+        if td is None or td.turns.preemptive_ms is None or not td.create_response:
+            return None
+        return Preempt(td.turns.preemptive_ms, td.vad.threshold)
 
     def _vad_params(self) -> VadParams | None:
         """The VAD's rules: the session's, with semantic_vad's longest silence where an

@@ -52,9 +52,9 @@ def test_speech_turn_commits_and_streams_a_response_into_playout() -> None:
         (msgs,) = [p["messages"] for p in coord.payloads]
         assert msgs == [{"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]}]
         audio = coord.payloads[0]["audio_0"]
-        # from 0: the 300 ms prefix padding reaches the start (less the echo canceller's partial
-        # 10 ms frame, which waits for the next audio)
-        assert 41 * 32 * 16 - 160 < len(audio) <= 41 * 32 * 16
+        # From 0: the 300 ms prefix padding reaches the start; to the pause the answer was
+        # computed at (`preemptive_ms`: 5 windows of silence), not through the 16 that ended it.
+        assert len(audio) == 30 * 32 * 16
         assert s.metrics["first_audio_ms"] and s.metrics["token_to_audio_ms"]
         await s.close()
 

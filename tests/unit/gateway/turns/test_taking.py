@@ -15,6 +15,7 @@ from realtime_omni.gateway.turns.taking import (
     IdleTimeout,
     Pause,
     Resume,
+    Speculate,
     SpeechStart,
     TurnEnd,
     TurnTaker,
@@ -32,12 +33,16 @@ def kinds(actions: list[Action]) -> list[str]:
 def test_speech_then_silence_is_a_turn_with_its_audio_bounds() -> None:
     taker = TurnTaker(TurnDetection())
     out = feed(taker, [0.0] * 15 + [0.9] * 10 + [0.0] * 16)  # 512 ms of silence ends it
-    assert kinds(out) == ["SpeechStart", "TurnEnd"]
-    start, end = out
+    # At 160 ms of silence (preemptive_ms) the answer to the turn so far starts, held back.
+    assert kinds(out) == ["SpeechStart", "Speculate", "TurnEnd"]
+    start, spec, end = out
     assert isinstance(start, SpeechStart) and isinstance(end, TurnEnd)
+    assert isinstance(spec, Speculate) and spec.item_id == start.item_id
     assert start.audio_start_ms == 15 * 32 - 300  # the prefix padding before the first window
+    assert spec.audio_start_ms == start.audio_start_ms and spec.audio_end_ms == 30 * 32
     assert end.item_id == start.item_id and end.audio_start_ms == start.audio_start_ms
     assert end.audio_end_ms == 41 * 32 and end.respond
+    assert end.held_end_ms == 30 * 32  # the held answer's turn: released as it is
     assert not taker.speaking and taker.turn_item_id is None
 
 
@@ -87,26 +92,27 @@ def test_a_truncate_while_paused_takes_the_speech_for_a_turn() -> None:
     assert not taker.truncated()
     feed(taker, [0.9] * 3, responding=True)
     assert taker.truncated() and not taker.paused
-    assert kinds(feed(taker, [0.0] * 16)) == ["TurnEnd"]  # not discarded
+    assert kinds(feed(taker, [0.0] * 16)) == ["Speculate", "TurnEnd"]  # not discarded
 
 
 def test_semantic_vad_asks_the_model_once_the_speech_pauses_and_a_fresh_yes_ends_the_turn() -> None:
     td = replace(TurnDetection(), eagerness="high")
     taker = TurnTaker(td, semantic=True)
     out = feed(taker, [0.9] * 10 + [0.0] * 7)  # the 7th silent window: 224 ms
-    assert kinds(out) == ["SpeechStart", "AskEndOfTurn"]
+    assert kinds(out) == ["SpeechStart", "Speculate", "AskEndOfTurn"]  # the 5th: 160 ms
     ask = out[-1]
     assert isinstance(ask, AskEndOfTurn) and ask.audio_end_ms == 17 * 32
     assert taker.end_of_turn(ask.ask, 0.2) == []  # not complete: the VAD's silence decides
     (end,) = taker.end_of_turn(ask.ask, 0.9)
     assert isinstance(end, TurnEnd) and end.audio_end_ms == 17 * 32
+    assert end.held_end_ms == 15 * 32  # the answer started at the pause is the one released
     assert taker.end_of_turn(ask.ask, 0.9) == []  # the turn is over: a late answer is stale
 
 
 def test_semantic_vad_without_a_model_is_the_silence_rule() -> None:
     td = replace(TurnDetection(), eagerness="high")
     out = feed(TurnTaker(td, semantic=False), [0.9] * 10 + [0.0] * 20)
-    assert kinds(out) == ["SpeechStart", "TurnEnd"]
+    assert kinds(out) == ["SpeechStart", "Speculate", "TurnEnd"]
 
 
 def test_idle_timeout_on_a_fake_clock() -> None:
@@ -130,3 +136,30 @@ def test_clear_forgets_the_turn_in_progress_and_moves_the_vads_clock() -> None:
     assert not taker.speaking and taker.turn_item_id is None
     (start,) = feed(taker, [0.9])
     assert isinstance(start, SpeechStart) and start.audio_start_ms == 1000 - 300
+
+
+def test_a_pause_mid_sentence_speculates_and_speech_after_it_abandons_then_speculates_again() -> (
+    None
+):
+    """ "I'd like to book a table for... four people": the answer to the first half is computed
+    at the pause and abandoned when they go on; the turn's end releases the second one, which
+    heard all of it."""
+    taker = TurnTaker(TurnDetection())
+    out = feed(taker, [0.9] * 20 + [0.0] * 10 + [0.9] * 20 + [0.0] * 16)
+    assert kinds(out) == ["SpeechStart", "Speculate", "Abandon", "Speculate", "TurnEnd"]
+    first, second, end = out[1], out[3], out[4]
+    assert isinstance(first, Speculate) and isinstance(second, Speculate)
+    assert first.audio_end_ms == 25 * 32 and second.audio_end_ms == 55 * 32
+    assert isinstance(end, TurnEnd) and end.held_end_ms == second.audio_end_ms
+
+
+def test_no_speculation_while_an_answer_is_active_or_when_off() -> None:
+    out = feed(TurnTaker(TurnDetection()), [0.9] * 3 + [0.0] * 20, responding=True)
+    assert "Speculate" not in kinds(out)  # a blip over the answer: judged, never answered
+    off = replace(TurnDetection(), turns=TurnParams(preemptive_ms=None))
+    out = feed(TurnTaker(off), [0.9] * 10 + [0.0] * 16)
+    assert kinds(out) == ["SpeechStart", "TurnEnd"]
+    end = out[-1]
+    assert isinstance(end, TurnEnd) and end.held_end_ms is None
+    manual = replace(TurnDetection(), create_response=False)  # nothing would be answered
+    assert "Speculate" not in kinds(feed(TurnTaker(manual), [0.9] * 10 + [0.0] * 16))
