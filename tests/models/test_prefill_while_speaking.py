@@ -161,3 +161,15 @@ def test_an_answer_waits_for_its_sessions_prefill_only_request(tiny_dir: Path) -
     p.submit("p", payload(audio[: 17 * RATE], session_id="s", prefill_only=True))
     got = answer(p, "a", payload(audio, session_id="s"))
     assert got["cached"] == audio_start(p, payload(audio)) + 2 * 104
+
+
+def test_a_prefill_only_request_leaves_out_the_image_after_the_turns_audio() -> None:
+    from realtime_omni.models.qwen3_omni.preprocessing import _without_trailing_images
+
+    turn = {"role": "user", "content": [
+        {"type": "image", "image": "before"}, {"type": "audio", "audio": "turn"},
+        {"type": "text", "text": "this?"}, {"type": "image", "image": "camera"}]}  # fmt: skip
+    kept = _without_trailing_images([SYSTEM, turn])
+    assert [p.get("image") or p["type"] for p in kept[1]["content"]] == ["before", "audio", "text"]
+    typed = {"role": "user", "content": [{"type": "image", "image": "camera"}]}
+    assert _without_trailing_images([SYSTEM, typed]) == [SYSTEM, typed]  # no audio: no growth
