@@ -11,7 +11,8 @@ What each field does here, where it differs from OpenAI:
   `semantic_vad` maps onto it, its `eagerness` choosing how long a silence ends the turn
   (`EAGERNESS_SILENCE_MS`: low 1000 ms, medium and auto 600, high 300); the answer keeps its
   type and eagerness. Extension fields: `min_interruption_ms`, `resume_after_ms`, `echo_gate`,
-  `echo_gate_aec`, `preemptive_ms` (null: off) (`gateway/turns/policy.py`).
+  `echo_gate_aec`, `preemptive_ms` (null: off), `prefill_while_speaking`
+  (`gateway/turns/policy.py`).
 - `voice`: an OpenAI voice name (`alloy`, `ash`, ...) or one of the checkpoint's speakers,
   mapped through `Voices` (the config's `realtime.voices` table); another name is refused,
   naming the voices there are.
@@ -115,6 +116,7 @@ class TurnDetection:
             "echo_gate": self.turns.echo_gate,
             "echo_gate_aec": self.turns.echo_gate_aec,
             "preemptive_ms": self.turns.preemptive_ms,
+            "prefill_while_speaking": self.turns.prefill_while_speaking,
         }
 
 
@@ -361,7 +363,7 @@ def parse_turn_detection(
         )
         if x is not _MISSING:
             turns = replace(turns, preemptive_ms=x)
-    for key in ("echo_gate", "echo_gate_aec"):
+    for key in ("echo_gate", "echo_gate_aec", "prefill_while_speaking"):
         if key in v:
             x = f.take(partial(_flag_field, v, key, param))
             if x is not _MISSING:

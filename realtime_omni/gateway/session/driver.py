@@ -105,6 +105,7 @@ from realtime_omni.gateway.turns.taking import (
     Discard,
     IdleTimeout,
     Pause,
+    Prefill,
     Resume,
     Speculate,
     SpeechStart,
@@ -185,6 +186,7 @@ class Session:
                 "abort_ms",
                 "answer_compute_ms",  # what each answer's request cost the stages, in all
                 "discarded_compute_ms",  # the same, of each preemptive answer abandoned
+                "prefill_compute_ms",  # the same, of each prefill while speaking
             )
         }
         self.outbox = Outbox()  # the server events, to the transport and its listeners
@@ -514,6 +516,10 @@ class Session:
                     self.turns.held_end_ms = None  # none is computed: the turn ends as usual
             elif isinstance(a, Abandon):
                 self.responses.abandon()
+            elif isinstance(a, Prefill):
+                start = a.audio_start_ms * INPUT_RATE_HZ // 1000
+                pcm = self.input.slice(start, a.audio_end_ms * INPUT_RATE_HZ // 1000)
+                self.responses.prefill(Item(a.item_id, "user", [Part("audio", audio=pcm)]))
 
     async def _judge_end_of_turn(self, ask: Ask, audio: np.ndarray) -> None:
         """The speech paused: if the end-of-turn model hears the turn complete, it ends now."""

@@ -90,19 +90,45 @@ class Responses:
         """Start the answer to `user` (the turn so far, not in the conversation) and hold it:
         nothing is sent or played. False when none can start now (an answer is active or held,
         or the conversation would have to be truncated to carry the turn)."""
-        if self.active is not None or self.held is not None:
+        if self.active is not None or self.held is not None or not self._fits(user):
             return False
-        room = self.s.max_payload_bytes
-        if room is not None:
-            video = self.s._video.nbytes if self.s._video is not None else 0
-            turn = sum(p.audio.nbytes for p in user.parts if p.audio is not None)
-            if self.s.conversation.array_bytes() + turn + video > room:
-                return False
         resp = self._new({}, now, extra=user)
         resp.held, resp.user_item_id = True, user.id
         self.held = resp
         self._task = asyncio.create_task(self._run(resp))
         return True
+
+    def prefill(self, user: Item) -> None:
+        """Send the conversation and `user` (the turn so far, not in the conversation) to be
+        prefilled and kept for the answer: no output, nothing sent to the client. Skipped when
+        the conversation would have to be truncated to carry it."""
+        if not self._fits(user):
+            return
+        resp = self._new({}, time.monotonic(), extra=user)
+        resp.payload["prefill_only"] = True
+        self.s._track(self._prefill(resp))  # a task of the session's: `close` aborts it
+
+    async def _prefill(self, resp: Response) -> None:
+        stream = resp.stream = await self.s.coord.submit(resp.payload, resp.id)
+        resp.payload = {}
+        try:
+            async for _ in stream:
+                pass
+        except asyncio.CancelledError:
+            await asyncio.shield(self.s.coord.abort(resp.id))
+            raise
+        finally:
+            stream.close()
+        await self._charge(resp, "prefill_compute_ms")
+
+    def _fits(self, user: Item) -> bool:
+        """The conversation and `user` go in one payload without truncating it."""
+        room = self.s.max_payload_bytes
+        if room is None:
+            return True
+        video = self.s._video.nbytes if self.s._video is not None else 0
+        turn = sum(p.audio.nbytes for p in user.parts if p.audio is not None)
+        return self.s.conversation.array_bytes() + turn + video <= room
 
     def release(self, user_item_id: str, turn_end: float) -> bool:
         """The turn `user_item_id` ended as the held answer heard it (its item is in the

@@ -59,6 +59,12 @@ class TurnParams:
     # the answer to what they said so far is computed and held back; it is released the moment
     # the turn is judged over, or aborted unseen if they go on. None: answers start at the end.
     preemptive_ms: int | None = 160
+    # Prefill while speaking: the turn's audio so far is sent to be prefilled (the audio encoder
+    # and the thinker keep it for the answer) when speech starts and at every
+    # `PREFILL_WINDOW_MS` of it, so that at the turn's end little is left to prefill. Only the
+    # audio encoder's whole 8 s windows can be reused exactly, so a short turn gains only its
+    # context's prefill (a session's first turn); long ones gain each finished window.
+    prefill_while_speaking: bool = False
 
 
 class TurnPolicy:

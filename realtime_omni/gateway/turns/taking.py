@@ -22,6 +22,7 @@ input buffer and the playout, and does what the actions say:
 | `IdleTimeout` | commits what the microphone heard and asks for an answer |
 | `Speculate` | starts the answer to the turn so far, held back (nothing sent) |
 | `Abandon` | aborts the held answer, sends nothing |
+| `Prefill` | sends the turn so far to be prefilled (no answer, nothing sent to the client) |
 
 The rules themselves live in the plain machines this one drives: `vad.ServerVad` (OpenAI's
 `server_vad`), `end_of_turn.EndOfTurn` (`semantic_vad`), `policy.TurnPolicy` (speech over the
@@ -66,6 +67,16 @@ class TurnEnd:
 class Speculate:
     """The person paused (`preemptive_ms` of silence): compute the answer to the turn so far
     and hold it back, sending nothing, until the turn ends or they go on."""
+
+    item_id: str
+    audio_start_ms: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """The turn so far may be prefilled (`prefill_while_speaking`): its speech started, or
+    another of the audio encoder's windows of it is whole."""
 
     item_id: str
     audio_start_ms: int
@@ -123,7 +134,11 @@ Action = (
     | IdleTimeout
     | Speculate
     | Abandon
+    | Prefill
 )
+# The audio encoder's attention window (Qwen3-Omni's audio tower: 8 s of audio); an encoding of
+# a turn's whole windows is what a longer turn reuses exactly (`models/qwen3_omni/encoders.py`).
+PREFILL_WINDOW_MS = 8000
 
 
 class TurnTaker:
@@ -144,6 +159,7 @@ class TurnTaker:
         self.idle_deadline: float | None = None  # when `idle` answers with an IdleTimeout
         self.preempt = self._preempt()  # None: no answer starts before the turn ends
         self.held_end_ms: int | None = None  # a `Speculate`'s, until its answer goes
+        self._prefilled_to_ms = 0.0  # the turn's audio a `Prefill` covered
 
     # ---- what the session reads -------------------------------------------------------
 
@@ -222,6 +238,15 @@ class TurnTaker:
             self.turn_item_id = new_id("item")
             self.turn_start_ms = ev.audio_start_ms
             out.append(SpeechStart(self.turn_item_id, ev.audio_start_ms))
+            if self._prefilling(responding):
+                self._prefilled_to_ms = self.vad.elapsed_ms
+                out.append(Prefill(self.turn_item_id, ev.audio_start_ms, ev.detected_ms))
+        elif self.vad.speaking and self.turn_item_id is not None and self._prefilling(responding):
+            done = (self.vad.elapsed_ms - self.turn_start_ms) // PREFILL_WINDOW_MS
+            if done > (self._prefilled_to_ms - self.turn_start_ms) // PREFILL_WINDOW_MS:
+                self._prefilled_to_ms = self.vad.elapsed_ms
+                end = round(self.vad.elapsed_ms)
+                out.append(Prefill(self.turn_item_id, self.turn_start_ms, end))
         speaking = self.bot_speaking(responding)
         if speaking or self.policy.paused:
             decided = self._decided(self.policy.feed(prob, ev, speaking))
@@ -311,6 +336,10 @@ class TurnTaker:
         self.turn_item_id = None
         held, self.held_end_ms = self.held_end_ms, None
         return TurnEnd(item_id, self.turn_start_ms, ev.audio_end_ms, td.create_response, held)
+
+    def _prefilling(self, responding: bool) -> bool:
+        td = self.detection
+        return td is not None and td.turns.prefill_while_speaking and not responding
 
     def _preempt(self) -> Preempt | None:
         td = self.detection

@@ -98,3 +98,27 @@ def test_with_preemption_off_the_answer_starts_at_the_turns_end() -> None:
         await s.close()
 
     run(body())
+
+
+def test_prefill_while_speaking_sends_the_turn_so_far_and_nothing_to_the_client() -> None:
+    async def body() -> None:
+        coord = FakeCoord(chunks=0)  # a prefill-only request's stream: no output, a clean end
+        s = Session(coord)
+        td = {"type": "server_vad", "prefill_while_speaking": True}
+        assert s.configure({"audio": {"input": {"turn_detection": td}}}) == []
+        await s.start()
+        silence(s, 10)
+        speak(s, 20)
+        await settle(s, lambda: len(coord.payloads) == 1)
+        (first,) = coord.payloads
+        assert first["prefill_only"] is True and first["session_id"] == s.id
+        assert types(s) == ["input_audio_buffer.speech_started"]
+        silence(s, 16)  # the turn ends: the answer's audio starts with the same samples
+        await settle(s, lambda: len(coord.payloads) == 2)
+        answer = coord.payloads[1]
+        assert "prefill_only" not in answer
+        head = first["audio_0"]
+        assert np.array_equal(answer["audio_0"][: len(head)], head)
+        await s.close()
+
+    run(body())

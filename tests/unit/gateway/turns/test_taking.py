@@ -14,6 +14,7 @@ from realtime_omni.gateway.turns.taking import (
     Discard,
     IdleTimeout,
     Pause,
+    Prefill,
     Resume,
     Speculate,
     SpeechStart,
@@ -163,3 +164,19 @@ def test_no_speculation_while_an_answer_is_active_or_when_off() -> None:
     assert isinstance(end, TurnEnd) and end.held_end_ms is None
     manual = replace(TurnDetection(), create_response=False)  # nothing would be answered
     assert "Speculate" not in kinds(feed(TurnTaker(manual), [0.9] * 10 + [0.0] * 16))
+
+
+def test_prefill_while_speaking_at_the_start_and_at_each_whole_encoder_window() -> None:
+    td = replace(TurnDetection(), turns=TurnParams(prefill_while_speaking=True))
+    taker = TurnTaker(td)
+    out = feed(taker, [0.0] * 10 + [0.9] * 600)  # 19.2 s of speech: two whole 8 s windows
+    prefills = [a for a in out if isinstance(a, Prefill)]
+    start = out[0]
+    assert isinstance(start, SpeechStart)
+    assert [p.audio_end_ms for p in prefills] == [
+        11 * 32,
+        251 * 32,
+        501 * 32,
+    ]  # 8 s of the turn (padding in) each
+    assert all(p.item_id == start.item_id and p.audio_start_ms == 10 * 32 - 300 for p in prefills)
+    assert "Prefill" not in kinds(feed(TurnTaker(TurnDetection()), [0.9] * 300))  # off: none
