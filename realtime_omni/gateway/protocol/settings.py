@@ -26,6 +26,10 @@ What each field does here, where it differs from OpenAI:
   work for the response).
 - `tools` (type `function`), `tool_choice`: given to the thinker in Qwen3-Omni's own tool
   format; MCP tools are refused.
+- `type`: `realtime` or `transcription`, fixed when the session is made (`new_settings`; an
+  update naming the other type is refused whole, `invalid_parameter`, as OpenAI's). A
+  transcription session takes only the input side (`audio.input`, `include`; the rest is
+  refused by name, `unknown_parameter`) and never answers (`Settings.__post_init__`).
 - `audio.output.speed`: 1.0 only (the talker speaks at one pace); `prompt` (stored prompts)
   and `include` are refused; `tracing` is kept and shown, nothing is traced.
 """
@@ -35,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 from realtime_omni.gateway.protocol.events import PCM16, AudioFormat, ProtocolError, parse_format
 from realtime_omni.gateway.turns.policy import TurnParams
@@ -119,6 +123,14 @@ class TurnDetection:
             "prefill_while_speaking": self.turns.prefill_while_speaking,
         }
 
+    def without_answers(self) -> TurnDetection:
+        """The same turn detection with nothing that answers or starts an answer: no response
+        at a turn's end or after an idle silence, no preemptive answer, no prefill."""
+        turns = replace(self.turns, preemptive_ms=None, prefill_while_speaking=False)
+        return replace(
+            self, create_response=False, interrupt_response=False, idle_timeout_ms=None, turns=turns
+        )
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -148,11 +160,19 @@ class Transcription:
         return {"model": self.model, "language": self.language, "prompt": self.prompt}
 
 
+SessionType = Literal["realtime", "transcription"]
+SESSION_TYPES: tuple[SessionType, ...] = ("realtime", "transcription")
+
+
 @dataclass(frozen=True)
 class Settings:
-    """What `session.update` can change."""
+    """What `session.update` can change. `type` cannot change: it is chosen when the session
+    is made (`new_settings`)."""
 
     model: str = "qwen3-omni"
+    # "transcription": the caller's turns are transcribed and nothing ever answers (OpenAI's
+    # transcription sessions, `/v1/realtime?intent=transcription`).
+    type: SessionType = "realtime"
     instructions: str = ""
     voice: str | None = None  # as the client named it; `Voices.speaker` maps it
     temperature: float | None = None
@@ -178,6 +198,12 @@ class Settings:
     # audio and images outgrow one turn's payload (`Conversation.fit`).
     truncation: str | float = "auto"
 
+    def __post_init__(self) -> None:
+        # The one place a transcription session is kept from answering: whatever its turn
+        # detection says, no turn's end, pause or silence starts an answer or a prefill.
+        if self.type == "transcription" and self.turn_detection is not None:
+            object.__setattr__(self, "turn_detection", self.turn_detection.without_answers())
+
     @property
     def text_only(self) -> bool:
         return self.output_modalities == ("text",)
@@ -193,6 +219,8 @@ class Settings:
         tools = [t.to_openai() for t in self.tools]
         tr = self.transcription.to_openai() if self.transcription else None
         nr = {"type": self.noise_reduction} if self.noise_reduction else None
+        if self.type == "transcription":
+            return self._transcription_openai(session_id, beta, td, tr, nr)
         if beta:
             return {  # no `model`: beta's type allows only OpenAI's names, or none
                 "id": session_id,
@@ -234,6 +262,66 @@ class Settings:
             "truncation": self.truncation_openai(),
             "tracing": self.tracing,
         }
+
+    def _transcription_openai(
+        self, session_id: str, beta: bool, td: Any, tr: Any, nr: Any
+    ) -> dict[str, Any]:
+        """OpenAI's transcription session object: the input side only; turn detection shows
+        the VAD's fields and that it never answers."""
+        if td is not None:
+            td = {k: v for k, v in td.items() if k in _TRANSCRIPTION_VAD_FIELDS}
+        head = {"id": session_id, "object": "realtime.transcription_session"}
+        if beta:
+            return {
+                **head,
+                "modalities": ["text"],
+                "input_audio_format": self.input_format.name,
+                "input_audio_transcription": tr,
+                "input_audio_noise_reduction": nr,
+                "turn_detection": td,
+            }
+        audio_in = {
+            "format": self.input_format.ga(),
+            "transcription": tr,
+            "noise_reduction": nr,
+            "turn_detection": td,
+            "echo_cancellation": self.echo_cancellation,
+        }
+        return {"type": "transcription", **head, "audio": {"input": audio_in}, "include": None}
+
+
+_TRANSCRIPTION_VAD_FIELDS = frozenset(
+    {
+        "type",
+        "eagerness",
+        "threshold",
+        "prefix_padding_ms",
+        "silence_duration_ms",
+        "create_response",
+        "interrupt_response",
+    }
+)
+# What a transcription session's object may hold (GA's, and beta's flat input fields); any other
+# field is a realtime session's and is refused by name, as OpenAI refuses it.
+TRANSCRIPTION_FIELDS = frozenset(
+    {
+        "type",
+        "audio",
+        "include",
+        "turn_detection",
+        "input_audio_format",
+        "input_audio_transcription",
+        "input_audio_noise_reduction",
+        "input_audio_echo_cancellation",
+    }
+)
+
+
+def new_settings(kind: SessionType = "realtime", model: str = "qwen3-omni") -> Settings:
+    """A new session's settings: a transcription session transcribes from the start."""
+    if kind == "transcription":
+        return Settings(model=model, type=kind, transcription=Transcription(model=model))
+    return Settings(model=model)
 
 
 # ---- parsing ---------------------------------------------------------------------------
@@ -470,14 +558,24 @@ def apply_session_update(
                     changes[into] = x
 
     def turn_detection(v: Any, param: str) -> Any:
+        if s.type == "transcription" and isinstance(v, dict):
+            f.refused += _answering_fields(v, param)
         return parse_turn_detection(v, s.turn_detection, f, param)
 
     def noise(v: Any, param: str) -> Any:
         return parse_noise_reduction(v, param, noise_suppressor)
 
-    kind = session.get("type", "realtime")
-    if kind != "realtime":
-        f.refused.append(_unsupported(f"{where}.type", f"{kind!r}: only realtime sessions"))
+    kind = session.get("type") or s.type
+    if kind not in SESSION_TYPES:
+        f.refused.append(_unsupported(f"{where}.type", f"{kind!r}: use realtime or transcription"))
+    elif kind != s.type:  # its fields mean another session: none of them is applied
+        raise ProtocolError(
+            f"Passing a {kind} session update event to a {s.type} session is not allowed.",
+            code="invalid_parameter",
+            param=f"{where}.type",
+        )
+    if s.type == "transcription":
+        session = _transcription_fields(session, where, f)
     take(
         session,
         where,
@@ -540,6 +638,52 @@ def apply_session_update(
         if isinstance(obj, dict) and obj.get("speed") not in (None, 1, 1.0):
             f.refused.append(_unsupported(f"{at}.speed", "the talker speaks at one pace (1.0)"))
     return replace(s, **changes), f.refused
+
+
+def _transcription_fields(session: dict[str, Any], where: str, f: _Fields) -> dict[str, Any]:
+    """A transcription session's object without the fields only a realtime session has (each
+    refused by name: `unknown_parameter`, as OpenAI's)."""
+    kept = {}
+    for key, v in session.items():
+        if key in TRANSCRIPTION_FIELDS:
+            kept[key] = v
+        else:
+            f.refused.append(
+                ProtocolError(
+                    f"Unknown parameter: '{where}.{key}': a transcription session transcribes "
+                    "the caller and never answers",
+                    code="unknown_parameter",
+                    param=f"{where}.{key}",
+                )
+            )
+    a = kept.get("audio")
+    if isinstance(a, dict) and "output" in a:
+        f.refused.append(
+            ProtocolError(
+                f"Unknown parameter: '{where}.audio.output': a transcription session has no output",
+                code="unknown_parameter",
+                param=f"{where}.audio.output",
+            )
+        )
+        kept["audio"] = {k: v for k, v in a.items() if k != "output"}
+    return kept
+
+
+def _answering_fields(v: dict[str, Any], param: str) -> list[ProtocolError]:
+    """A transcription session's turn detection asking for an answer: refused by name (the
+    session never answers, whatever it is sent: `Settings.__post_init__`)."""
+    asks = {
+        "create_response": v.get("create_response") is True,
+        "interrupt_response": v.get("interrupt_response") is True,
+        "idle_timeout_ms": v.get("idle_timeout_ms") is not None,
+        "preemptive_ms": v.get("preemptive_ms") is not None,
+        "prefill_while_speaking": v.get("prefill_while_speaking") is True,
+    }
+    return [
+        _unsupported(f"{param}.{key}", "a transcription session never answers")
+        for key, asked in asks.items()
+        if asked
+    ]
 
 
 def _max_tokens(v: Any, param: str) -> int | None:

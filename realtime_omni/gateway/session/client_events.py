@@ -42,6 +42,16 @@ RESPONSE_FIELDS = (
     "tools",
     "tool_choice",
 )
+# What a transcription session refuses: it never answers, so nothing makes, cuts or plays one.
+ANSWER_EVENTS = frozenset(
+    {
+        "response.create",
+        "response.cancel",
+        "conversation.item.create",
+        "conversation.item.truncate",
+        "output_audio_buffer.clear",
+    }
+)
 TRUNCATE_SLACK_MS = 40  # a truncate this far past an item's audio keeps all of it
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 
@@ -185,6 +195,14 @@ class ClientEvents:
         decide = _DECISIONS.get(kind)
         if decide is None:
             raise ProtocolError(f"unknown event type {kind!r}", code="invalid_event", param="type")
+        if kind in ANSWER_EVENTS and view.settings.type == "transcription":
+            raise ProtocolError(  # OpenAI's word for an event type a session does not take
+                f"Invalid value: {kind!r}: a transcription session transcribes the caller and "
+                "never answers; it takes session.update, input_audio_buffer.append, .commit "
+                "and .clear, conversation.item.retrieve and .delete",
+                code="invalid_value",
+                param="type",
+            )
         return decide(self, event, view, now)
 
     def _session_update(self, ev: dict[str, Any], v: View, now: float) -> list[Effect]:

@@ -73,7 +73,13 @@ from realtime_omni.gateway.protocol.events import (
     error_event,
     parse_item,
 )
-from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_session_update
+from realtime_omni.gateway.protocol.settings import (
+    SESSION_TYPES,
+    Settings,
+    Voices,
+    apply_session_update,
+    new_settings,
+)
 from realtime_omni.gateway.session.client_events import (
     AddItem,
     CancelResponse,
@@ -373,8 +379,14 @@ class Session:
 
     def configure(self, session: Any) -> list[ProtocolError]:
         """Apply a session object (a client secret's, a call's, a `session.update`'s) without a
-        word to the client; the fields refused."""
-        s, refused = apply_session_update(self.settings, session, self.voices, self.aec_available)
+        word to the client; the fields refused. An object naming the other session `type`
+        (`transcription`) makes this session that type: only a transport that just admitted
+        the session, before `start`, configures it."""
+        base = self.settings
+        kind = session.get("type") if isinstance(session, dict) else None
+        if kind in SESSION_TYPES and kind != base.type:
+            base = new_settings(kind, base.model)
+        s, refused = apply_session_update(base, session, self.voices, self.aec_available)
         self._apply(s)
         return refused
 

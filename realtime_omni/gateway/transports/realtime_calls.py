@@ -37,7 +37,12 @@ from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
 from realtime_omni.gateway.media.echo_canceller import EchoCanceller
 from realtime_omni.gateway.protocol.events import ProtocolError, loads
-from realtime_omni.gateway.protocol.settings import Settings, apply_session_update
+from realtime_omni.gateway.protocol.settings import (
+    SESSION_TYPES,
+    Settings,
+    apply_session_update,
+    new_settings,
+)
 from realtime_omni.gateway.transports.webrtc import (
     MAX_OFFER_BYTES,
     SignallingError,
@@ -63,8 +68,10 @@ def _refusal(status: int, message: str, code: str, param: str | None = None) -> 
 def _check_settings(gw: Host, session: Any, where: str) -> Settings:
     """The settings a session would have from `session`; 400 for any the server would not
     apply, naming the fields."""
+    kind = session.get("type") if isinstance(session, dict) else None
+    base = new_settings(kind if kind in SESSION_TYPES else "realtime")
     try:
-        s, refused = apply_session_update(Settings(), session, gw.voices, EchoCanceller.available())
+        s, refused = apply_session_update(base, session, gw.voices, EchoCanceller.available())
     except ProtocolError as e:  # not an object at all
         refused = [e]
     if refused:

@@ -5,6 +5,8 @@ The receive loop turns each message into `Session.handle`; a refused or malforme
 20 ms tick, reads the playout queue as far as real time allows (plus `send_ahead_ms` of slack
 for the client's jitter buffer) and sends it as audio deltas in the session's output format.
 Beta clients (`OpenAI-Beta: realtime=v1`) get the beta event names and session shape.
+A connection that drops (no close frame) leaves its session waiting for the client to resume it
+(`resume.py`, an extension of the protocol; `realtime.resume_window_s`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.protocol.events import error_event, event_id
+from realtime_omni.gateway.session.client_events import error
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports.channel import EventChannel
+from realtime_omni.gateway.transports.resume import TAKEN_OVER, Link, ResumeRefused
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.host import Host
@@ -36,24 +40,53 @@ SEND_TIMEOUT_S = 10.0  # a client that reads nothing for this long is dropped
 
 class RealtimeConnection:
     def __init__(
-        self, ws: WebSocket, session: Session, gw: Host, beta: bool, label: str = "websocket"
+        self,
+        ws: WebSocket,
+        session: Session,
+        gw: Host,
+        beta: bool,
+        label: str = "websocket",
+        link: Link | None = None,
     ) -> None:
         self.ws, self.session, self.gw, self.beta = ws, session, gw, beta
         # label: the event log's name for the connection, websocket | sideband
         self.channel = EventChannel(session, gw.event_log, label, beta)
+        self.link = link  # a resumable session's: what was sent is kept for the next connection
         self._sent_s = 0.0  # audio seconds the last send_audio sent
 
     async def send(self, event: dict[str, Any]) -> None:
         wire = self.channel.outgoing(event)
         if wire is not None:
-            await within(self.ws.send_text(json.dumps(wire)), SEND_TIMEOUT_S)
+            if self.link is not None and event["type"] != "response.output_audio.delta":
+                self.link.replay.sent(wire)  # before the send: a send that fails may have gone
+            await self.send_wire(wire)
 
-    async def receive_loop(self) -> None:
+    async def send_wire(self, wire: dict[str, Any]) -> None:
+        await within(self.ws.send_text(json.dumps(wire)), SEND_TIMEOUT_S)
+
+    async def send_all(self, events: list[dict[str, Any]]) -> None:
+        """Send in order; what a failed send leaves unsent is kept for a resume."""
+        for i, event in enumerate(events):
+            try:
+                await self.send(event)
+            except BaseException:
+                if self.link is not None:
+                    self.link.replay.unsent.extend(events[i + 1 :])
+                raise
+
+    async def receive_loop(self) -> bool:
+        """Hand the client's messages to the session until it disconnects; True when it
+        closed the connection itself (a close frame, whatever its code), False when the
+        connection was lost."""
         limit = self.gw.config.max_message_bytes
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
-                return
+                # uvicorn's websockets-sansio says 1005 with no reason for a lost connection, and
+                # gives the frame's reason ("" for none) with its code for a close frame.
+                return msg.get("code") in (1000, 1001) or (
+                    "reason" in msg and msg.get("code") != 1006
+                )
             raw = msg.get("text")
             if raw is None:
                 raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
@@ -79,10 +112,9 @@ class RealtimeConnection:
                 finally:  # also when the connection's end cancels this loop mid-wait
                     audio.cancel()
                 if get.done():
-                    await self.send(get.result())
+                    batch = [get.result(), *s.pending_events()]
                     get = None
-                    for ev in s.pending_events():
-                        await self.send(ev)
+                    await self.send_all(batch)
                 now = time.monotonic()
                 if now < next_tick and not s.audio_written.is_set():
                     continue
@@ -94,6 +126,8 @@ class RealtimeConnection:
                 credit -= self._sent_s
         finally:
             if get is not None:
+                if get.done() and not get.cancelled() and self.link is not None:
+                    self.link.replay.unsent.append(get.result())  # taken, never sent
                 get.cancel()
 
     async def send_audio(self, credit_s: float) -> None:
@@ -102,6 +136,8 @@ class RealtimeConnection:
         self._sent_s = len(r.pcm) / s.output_rate
         fmt = s.settings.output_format
         for item_id, off, n in r.items:
+            if self.link is not None:
+                self.link.replay.audio(item_id, r.pcm[off : off + n])
             delta = base64.b64encode(fmt.encode(r.pcm[off : off + n])).decode()
             await self.send(
                 {
@@ -173,8 +209,11 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await ws.close(code=1013, reason=code.replace("_", " "))  # 1013: try again later
         return
     session = admit(gw, model=ws.query_params.get("model") or "qwen3-omni", owner=grant.owner)
-    if grant.session:  # a client secret's settings, checked when it was minted
-        session.configure(grant.session)
+    secret = grant.session or {}  # a client secret's settings, checked when it was minted
+    if ws.query_params.get("intent") == "transcription" and not secret.get("type"):
+        session.configure({"type": "transcription"})  # else the secret's type decides
+    if secret:
+        session.configure(secret)
     conn = RealtimeConnection(ws, session, gw, beta)
     sender: asyncio.Task[None] | None = None
     try:
