@@ -48,6 +48,7 @@ from realtime_omni.gateway.protocol.settings import Settings, Voices
 from realtime_omni.gateway.session.driver import EndOfTurnModel, Session, VadModel
 from realtime_omni.gateway.transports import live, media_stream, realtime_calls
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
+from realtime_omni.gateway.transports.resume import Resumes
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
 from realtime_omni.gateway.transports.webrtc import routes as webrtc_routes
 from realtime_omni.pipeline.config import EdgeConfig, PipelineConfig
@@ -88,6 +89,7 @@ class Gateway:
         )
         self.trimmer = HeapTrimmer()
         self.draining = False  # SIGTERM: no new session; live ones go on (`serve`'s drain)
+        self.resumes = Resumes(rt.resume_window_s)  # sessions a dropped WebSocket left waiting
 
     async def start(self) -> None:
         if self.coord is None:
@@ -106,6 +108,7 @@ class Gateway:
         )
 
     async def close(self) -> None:
+        await self.resumes.close()
         for s in list(self.sessions):
             await s.close()
         if self.coord is not None:
@@ -114,7 +117,9 @@ class Gateway:
             self.event_log.close()
 
     def refusal(self, grant: Grant | None = None) -> tuple[str, str] | None:
-        """Why a new session for `grant` cannot start now, as (message, code); None: it can."""
+        """Why a new session for `grant` cannot start now, as (message, code); None: it can.
+        A session left waiting for its client's resume gives way (ends now) rather than a
+        limit refusing the new one."""
         if self.draining:
             return (
                 "the server is shutting down and takes no new sessions; connect again (a load "
@@ -123,14 +128,15 @@ class Gateway:
             )
         if grant is not None and grant.kind == "secret":
             cap = self.auth.max_sessions_per_secret
-            if sum(1 for s in self.sessions if s.owner == grant.owner) >= cap:
+            held = sum(1 for s in self.sessions if s.owner == grant.owner)
+            if held >= cap and not self.resumes.give_way(self, grant.owner):
                 return (
                     f"this client secret already holds its limit of {cap} live session(s) "
                     "(realtime.client_secret_max_sessions); end that call first, or have your "
                     "backend mint another secret",
                     "client_secret_session_limit",
                 )
-        if len(self.sessions) >= self.config.max_sessions:
+        if len(self.sessions) >= self.config.max_sessions and not self.resumes.give_way(self):
             return (
                 f"the server is at its limit of {self.config.max_sessions} sessions; try again "
                 "later",
@@ -248,6 +254,7 @@ async def _stats(request: Request) -> Response:
     return JSONResponse(
         {
             "sessions": len(gw.sessions),
+            "sessions_waiting_resume": len(gw.resumes.parked),
             "in_flight": gw.coord.in_flight,
             "free_slots": free,
             "total_slots": total,
@@ -466,6 +473,7 @@ class _DrainingServer(uvicorn.Server):
         self._drain_task = asyncio.ensure_future(self._drain())  # held: the loop keeps weak refs
 
     async def _drain(self) -> None:
+        self.gw.resumes.end_all(self.gw)  # nobody comes back to a server that is leaving
         n = len(self.gw.sessions)
         print(
             f"realtime-omni: draining: {n} live session(s), up to {self.drain_s:g} s; new "

@@ -22,6 +22,7 @@ realtime:
   cors_origins: ["https://app.example.com"]
   allowed_hosts: [voice.example.com]      # Host names answered besides loopback's
   client_secret_max_sessions: 1           # live sessions one client secret may hold
+  resume_window_s: 30                     # a dropped WebSocket's session waits this long
 ```
 
 A route's `session` is what a client would put in `session.update` (GA or beta shape); a
@@ -198,6 +199,15 @@ class RealtimeConfig(_Strict):
         le=64,
         description="live sessions one client secret may hold at once (a page's own call); "
         "more are refused with client_secret_session_limit",
+    )
+    resume_window_s: float = Field(
+        30.0,
+        ge=0,
+        le=600,
+        description="how long a /v1/realtime session whose connection dropped (no close frame) "
+        "waits for its client to come back with the resume token session.created gave it "
+        "(an extension: transports/resume.py); meanwhile it counts against the limits, but "
+        "gives way to a new session they would refuse. 0: off, a drop ends the session",
     )
     cors_origins: list[str] = Field(
         default_factory=list,

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from realtime_omni.gateway.event_log import EventLog
     from realtime_omni.gateway.protocol.settings import Voices
     from realtime_omni.gateway.session.driver import Session
+    from realtime_omni.gateway.transports.resume import Resumes
 
 
 class Host(Protocol):
@@ -34,6 +35,7 @@ class Host(Protocol):
     event_log: EventLog | None  # `serve --event-log`: every event sent and received
     sessions: set[Session]  # the live ones, counted against the limits
     draining: bool  # SIGTERM: no new session; live ones go on
+    resumes: Resumes  # the WebSocket sessions a dropped connection left, waiting for a resume
 
     def refusal(self, grant: Grant | None = None) -> tuple[str, str] | None:
         """Why a new session for `grant` cannot start now, as (message, code); None: it can."""

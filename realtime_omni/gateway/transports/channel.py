@@ -29,12 +29,12 @@ class EventChannel:
     ) -> None:
         self.session, self.event_log, self.label, self.beta = session, event_log, label, beta
 
-    def opening(self) -> list[dict[str, Any]]:
-        """What a new connection is told first."""
+    def opening(self, resume: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """What a new connection is told first; `resume`: session.created's extension field
+        for a resumable session (`resume.py`)."""
         s = self.session
-        out: list[dict[str, Any]] = [
-            {"type": "session.created", "session": s.settings.to_openai(s.id)}
-        ]
+        created = {"type": "session.created", "session": s.settings.to_openai(s.id)}
+        out: list[dict[str, Any]] = [created if resume is None else {**created, "resume": resume}]
         if self.beta:  # beta clients wait for their conversation; GA ones never heard of it
             conversation = {"id": f"conv_{s.id[5:]}", "object": "realtime.conversation"}
             out.append({"type": "conversation.created", "conversation": conversation})

@@ -25,7 +25,6 @@ from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.protocol.events import error_event, event_id
-from realtime_omni.gateway.session.client_events import error
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports.channel import EventChannel
 from realtime_omni.gateway.transports.resume import TAKEN_OVER, Link, ResumeRefused
@@ -202,6 +201,10 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         return
     await ws.accept(subprotocol=subprotocol)
     grant = grant_of(ws.scope)
+    token = ws.query_params.get("resume")
+    if token is not None:
+        await resume(ws, gw, token, grant.owner, beta)
+        return
     if (refused := gw.refusal(grant)) is not None:
         message, code = refused
         err = error_event(message, code, kind="server_error")
@@ -214,25 +217,141 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         session.configure({"type": "transcription"})  # else the secret's type decides
     if secret:
         session.configure(secret)
-    conn = RealtimeConnection(ws, session, gw, beta)
-    sender: asyncio.Task[None] | None = None
     try:
         await session.start()
-        for event in conn.channel.opening():
+    except BaseException:
+        await release(gw, session)
+        raise
+    await attend(ws, gw, session, beta, gw.resumes.hold(session, grant.owner))
+
+
+async def resume(ws: WebSocket, gw: Host, token: str, owner: str, beta: bool) -> None:
+    """`/v1/realtime?resume=<token>`: the session a dropped connection left, back on this one
+    (`resume.py` says what the client may add and what it gets)."""
+    q = ws.query_params
+    try:
+        ack = None
+        if q.get("item_id") is not None or q.get("audio_end_ms") is not None:
+            try:
+                ack = (q["item_id"], int(q["audio_end_ms"]))
+            except (KeyError, ValueError):
+                raise ResumeRefused(
+                    "invalid_resume_ack",
+                    "the playback ack takes both item_id and audio_end_ms (whole milliseconds)",
+                ) from None
+        cut = q.get("answer", "continue")
+        if cut not in ("continue", "cut"):
+            raise ResumeRefused("invalid_resume_ack", "answer is continue or cut")
+        link = await gw.resumes.take(token, owner)
+    except ResumeRefused as e:
+        err = error_event(str(e), e.code, "resume")
+        await ws.send_text(json.dumps({"event_id": event_id(), **err}))
+        await ws.close(code=1008, reason=e.code.replace("_", " "))
+        return
+    replayed: list[dict[str, Any]] = []
+    last = q.get("last_event_id")
+    if last is not None:
+        after = link.replay.after(last)
+        if after is None:
+            lost = error_event(
+                f"the events sent before last_event_id {last} are no longer kept; what followed "
+                "it is not replayed",
+                "resume_events_lost",
+                "last_event_id",
+            )
+            after = [{"event_id": event_id(), **lost}]
+        replayed = after
+    await attend(ws, gw, link.session, beta, link, replayed, ack, cut == "cut")
+
+
+def _played(link: Link, item_id: str, audio_end_ms: int, cut: bool) -> list[dict[str, Any]]:
+    """The playback ack: the client events that make the session match what it heard (none
+    when the answer goes on, after the unheard audio is put back)."""
+    s = link.session
+    truncate = {
+        "type": "conversation.item.truncate",
+        "item_id": item_id,
+        "content_index": 0,
+        "audio_end_ms": audio_end_ms,
+    }
+    active = s.responding is not None and s.response_of(item_id) == s.active_response
+    if active and not cut:
+        unheard = s.playout.played.get(item_id, 0) - audio_end_ms * s.output_rate // 1000
+        if unheard > 0:
+            s.playout.unread(item_id, link.replay.unheard(item_id, unheard))
+            s.audio_written.set()
+        return []
+    return [{"type": "response.cancel"}, truncate] if active else [truncate]
+
+
+async def attend(
+    ws: WebSocket,
+    gw: Host,
+    session: Session,
+    beta: bool,
+    link: Link | None,
+    replayed: list[dict[str, Any]] | None = None,
+    ack: tuple[str, int] | None = None,
+    cut: bool = False,
+) -> None:
+    """Serve `session` on this connection until it ends; then release the session, or, when
+    the connection was lost and the session is resumable, leave it waiting for its client."""
+    conn = RealtimeConnection(ws, session, gw, beta, link=link)
+    sender: asyncio.Task[None] | None = None
+    dropped = True  # ends so unless the client closed
+    taken = False
+    try:
+        resumed = None
+        if link is not None:
+            resumed = {"token": link.token, "window_s": gw.resumes.window_s}
+            resumed["resumed"] = replayed is not None
+        for event in conn.channel.opening(resumed):
             await conn.send(event)
+        if link is not None:
+            for wire in replayed or ():
+                await conn.send_wire(wire)
+            unsent, link.replay.unsent = link.replay.unsent, []
+            await conn.send_all(unsent)
+            for client_event in _played(link, *ack, cut) if ack else ():
+                err = await session.handle_text(json.dumps(client_event), 1 << 20)
+                if err is not None:
+                    await conn.send(err)
         sender = asyncio.create_task(conn.send_loop())
         receiver = asyncio.create_task(conn.receive_loop())
-        done, _ = await asyncio.wait({sender, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        waits: set[asyncio.Task[Any]] = {sender, receiver}
+        leave = None if link is None else asyncio.create_task(link.leave.wait())
+        if leave is not None:
+            waits.add(leave)
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         receiver.cancel()
+        if leave is not None:
+            leave.cancel()
+        taken = leave in done
+        if receiver in done and not receiver.cancelled() and receiver.exception() is None:
+            dropped = not receiver.result()
         for t in done:
             if not t.cancelled() and t.exception() is not None:
                 exc = t.exception()
                 if not isinstance(exc, WebSocketDisconnect | TimeoutError | RuntimeError):
                     log.error("connection failed", exc_info=exc)
+    except asyncio.CancelledError:
+        dropped = False  # the server stops
+        raise
     finally:
         if sender is not None:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
-        await release(gw, session)
+        if link is not None and taken:
+            link.free.set()  # the connection that resumed it serves it from now
+        elif link is not None and dropped and not gw.draining:
+            gw.resumes.park(gw, link)
+        else:
+            if link is not None:
+                gw.resumes.forget(link)
+                link.free.set()  # a resume waiting for this connection to leave: it ended
+            await release(gw, session)
         with contextlib.suppress(Exception):
-            await ws.close()
+            if taken:
+                await ws.close(code=TAKEN_OVER, reason="resumed on another connection")
+            else:
+                await ws.close()
