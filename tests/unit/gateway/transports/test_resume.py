@@ -135,3 +135,32 @@ def test_parked_sessions_end_after_the_window_or_give_way_oldest_first() -> None
         await asyncio.wait_for(body(), 5)
 
     asyncio.run(with_free_connection())
+
+
+def test_the_limits_count_a_parked_session_until_a_new_one_needs_its_place() -> None:
+    from realtime_omni.gateway.app import Gateway
+    from realtime_omni.gateway.auth import Grant
+    from realtime_omni.gateway.config import GatewayConfig, RealtimeConfig
+    from realtime_omni.pipeline.config import load_config
+    from tests.conftest import ROOT
+
+    async def body() -> None:
+        config = GatewayConfig(max_sessions=2, vad=False, realtime=RealtimeConfig())
+        gw = Gateway(load_config(ROOT / "configs" / "tiny.yaml"), config, object())
+        secret = Grant("secret", {}, owner="secret:s")
+        a, b = (_Session(f"sess_{x}", "secret:s") for x in "ab")
+        gw.sessions |= {a, b}  # type: ignore[arg-type]
+        la = gw.resumes.hold(a, a.owner)  # type: ignore[arg-type]
+        gw.resumes.hold(b, b.owner)  # type: ignore[arg-type]
+        refused = gw.refusal(secret)
+        assert refused is not None and refused[1] == "client_secret_session_limit"
+        refused = gw.refusal(Grant("key", owner="key:1"))
+        assert refused is not None and refused[1] == "too_many_sessions"
+        assert la is not None
+        gw.resumes.park(gw, la)  # type: ignore[arg-type]
+        assert gw.refusal(secret) is None  # a's session gave way
+        assert a not in gw.sessions and b in gw.sessions
+        await gw.resumes.close()
+        assert a.closed and not b.closed
+
+    asyncio.run(body())
