@@ -58,6 +58,18 @@ def turn_windows(payload: dict[str, Any], window_frames: int) -> list[Block] | N
     return [(digest, audio_tokens(n)) for digest, n in windows]
 
 
+def has_image(payload: dict[str, Any]) -> bool:
+    """The conversation carries an image (a camera frame, or an image item) that is not left out:
+    a prefill-only request leaves out what follows its turn's audio, as the real preprocessing."""
+    for m in payload.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(c, dict) and c.get("type") == "image" for c in content
+        ):
+            return not payload.get("prefill_only") or m is not payload["messages"][-1]
+    return False
+
+
 def prompt_blocks(windows: list[Block], context: int, image: int) -> list[Block]:
     """The prompt: the conversation before the turn's audio, the audio, an image (0: none)."""
     blocks: list[Block] = [("context", context), *windows]

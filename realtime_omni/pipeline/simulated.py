@@ -33,11 +33,13 @@ Conversation payloads (`messages` with audio, from the gateway) are charged by w
 audio encoder's windows; an audio encoder with `per_token_ms` charges per token of the windows it
 has not encoded before (`cache_windows` kept), so a turn sent again with more audio pays its new
 windows and its last, partial, one again; a thinker's prompt is then `context_tokens`, the
-turn's audio tokens and `image_tokens` (none for a prefill-only request), and with `session_id`
-a request prefills only what follows the prefix its session's last request left (its prompt,
-or the part an abort cut short), as the real thinker's kept rows. A request waits while a
-prefill-only request of its session still prefills. A synthetic payload (no `messages`) costs
-the fixed figures above.
+turn's audio tokens and `image_tokens` (when the conversation carries an image; none for a
+prefill-only request), and with `session_id` a request prefills only what follows the prefix its
+session's last request left (its prompt, or the part an abort cut short), as the real thinker's
+kept rows; a follow stage (the talker) with `context_tokens` prefills the same prompt the same
+way, at its own `first_step_ms` per `prompt_tokens`, as the real talker's kept rows. A request
+waits while a prefill-only request of its session still prefills. A synthetic payload (no
+`messages`) costs the fixed figures above.
 
 Every step says what it cost for each request (`step_shares`: a batch's fixed part split
 evenly), so a request's `compute_s` (`pipeline/meter.py`) is what it made the stages do,
@@ -79,6 +81,7 @@ from realtime_omni.pipeline.messages import CLIENT
 from realtime_omni.pipeline.relay import dtype_of
 from realtime_omni.pipeline.sim_prompt import (
     Block,
+    has_image,
     prompt_blocks,
     shared_tokens,
     truncated,
@@ -176,9 +179,10 @@ class SimulatedExecutor:
         self.cache_windows = int(p.get("cache_windows", 512))
         self.context_tokens = int(p.get("context_tokens", self.prompt_tokens))
         self.image_tokens = int(p.get("image_tokens", 0))
-        # A prefill-only request brings no image (preprocessing leaves out what follows the
-        # turn's audio): an image encoder with this set does nothing for it.
-        self.skip_prefill_only = bool(p.get("skip_prefill_only", False))
+        # A conversation with no image (a call without a camera; a prefill-only request, which
+        # leaves out what follows the turn's audio): an image encoder with this set does
+        # nothing for it, as the real one given no patches.
+        self.skip_without_image = bool(p.get("skip_without_image", False))
         self.windows: OrderedDict[str, None] = OrderedDict()  # encoded audio windows
         self.sessions: OrderedDict[str, list[Block]] = OrderedDict()  # kept prompt prefixes
         self.shares: dict[str, float] = {}  # seconds of the last step's cost, per request
@@ -193,12 +197,14 @@ class SimulatedExecutor:
             meta.update({k: v for k, v in payload.items() if not isinstance(v, np.ndarray)})
             if self.window_frames and (windows := turn_windows(payload, self.window_frames)):
                 meta["audio_windows"] = windows
+                meta["image"] = has_image(payload)
         r = _Req(meta=meta)
         if self.role == "generate":
             r.total = 0 if meta.get("prefill_only") else int(meta.get("max_tokens", self.items))
+        if self.role in ("generate", "follow"):
             r.prompt = self.prompt_tokens
             if "audio_windows" in meta:
-                image = 0 if meta.get("prefill_only") else self.image_tokens
+                image = self.image_tokens if meta.get("image") else 0
                 r.blocks = prompt_blocks(
                     [(str(d), int(n)) for d, n in meta["audio_windows"]], self.context_tokens, image
                 )
@@ -292,6 +298,17 @@ class SimulatedExecutor:
         decoding += [rid for rid in prefilling if self.reqs[rid].prefilled >= self.reqs[rid].prompt]
         return decoding, sum(self.shares.values())
 
+    def _follow_prefill(self, r: _Req) -> float:
+        """A follow stage's (the talker's) prefill, whole in its first step: `first_step_ms` for
+        a synthetic request; a conversation's, pro rata per token of its prompt past its
+        session's kept prefix (as the thinker's), never less than a step."""
+        if r.blocks is None:
+            return self.first_step_s
+        self._take_prefix(r)
+        new = r.prompt - r.prefilled
+        r.prefilled = r.prompt
+        return max(self.step_s, self.first_step_s * new / self.prompt_tokens)
+
     def _take_prefix(self, r: _Req) -> None:
         """At its prefill's start, a request takes its session's kept prefix (as the real
         thinker takes the kept row: it is no longer kept for another)."""
@@ -348,7 +365,7 @@ class SimulatedExecutor:
             fixed = self.step_s / len(following) if following else 0.0
             for rid, r in reqs.items():
                 if not r.first_done:
-                    self.shares[rid] = self.first_step_s
+                    self.shares[rid] = self._follow_prefill(r)
                     continue
                 context = self.context_s * (self.prompt_tokens + r.made)
                 self.shares[rid] = fixed + self.per_request_s + context
@@ -362,8 +379,8 @@ class SimulatedExecutor:
         todo: dict[str, int] = {}  # windows to encode in this step: digest -> requests needing it
         for rid, r in reqs.items():
             windows = r.meta.get("audio_windows") if self.per_token_s else None
-            if self.skip_prefill_only and r.meta.get("prefill_only"):
-                self.shares[rid] = 0.0
+            if self.skip_without_image and r.meta.get("image") is False:
+                self.shares[rid] = 0.0  # a conversation with no image: nothing to encode
             elif windows is None:
                 plain.append(rid)
             else:
@@ -412,13 +429,13 @@ class SimulatedExecutor:
         if self.role == "follow":
             src = min(int(r.made / self.per_input), len(r.inputs) - 1)
             if src < 0:  # the input ended empty
-                del self.reqs[rid]
+                self._release(rid)  # its session keeps what it prefilled
                 return [Emit(rid, done=True)]
             meta = {"token_time": r.inputs[src], "index": r.made}
             r.made += 1
             out = self._emits(rid, meta, 1)
             if r.ended and r.made >= math.ceil(len(r.inputs) * self.per_input):
-                del self.reqs[rid]
+                self._release(rid)  # its session keeps what it prefilled
                 out.append(Emit(rid, done=True))
             return out
         start, n = self._consumed(r), self._due(r)

@@ -41,10 +41,11 @@ def speech(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 def turn(audio: np.ndarray, **extra: Any) -> dict[str, Any]:
-    """A conversation payload whose last user turn is `audio`."""
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "audio", "audio": "a0"}]}]  # fmt: skip
-    return {"messages": messages, "a0": audio, "session_id": "s", **extra}
+    """A conversation payload whose last user turn is `audio` and a camera frame after it."""
+    content = [{"type": "audio", "audio": "a0"}, {"type": "image", "image": "i0"}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": content}]
+    image = np.zeros((8, 8, 3), np.uint8)
+    return {"messages": messages, "a0": audio, "i0": image, "session_id": "s", **extra}
 
 
 def windows(audio: np.ndarray, **extra: Any) -> dict[str, Any]:
@@ -168,3 +169,27 @@ def test_blocks_share_their_common_start() -> None:
     assert shared_tokens([("context", 120)], [("context", 300), ("w1", 9)]) == 120
     assert shared_tokens(kept, kept) == 410  # one token is always left to compute
     assert truncated(kept, 350) == [("context", 300), ("w1", 50)]
+
+
+def test_a_conversation_without_an_image_costs_no_image_work(clock: Clock) -> None:
+    """A call with no camera: no image tokens in the thinker's prompt, no image encoder step;
+    the talker prefills the same prompt past its own kept prefix."""
+    pre = stage("transform", audio_window_frames=800)
+    payload = turn(speech(2))
+    payload["messages"][-1]["content"].pop()  # the camera frame
+    pre.add_request("p", {"client": payload})
+    meta = dict(pre.reqs["p"].meta)
+    assert meta["image"] is False
+    enc = stage("transform", first_step_ms=148, skip_without_image=True)
+    enc.add_request("p", {"pre": meta})
+    enc.step()
+    assert enc.step_shares() == {"p": 0.0}
+    talker = stage("follow", first_step_ms=210, prompt_tokens=1214, step_ms=20,
+                   context_tokens=300, image_tokens=784, per_input=2)  # fmt: skip
+    talker.add_request("a", {"pre": {**meta, "max_tokens": 1}})
+    talker.add_item("a", "thinker", {"token_time": 0.0})
+    talker.step()
+    assert talker.step_shares()["a"] == pytest.approx(210 / 1214 * (300 + 26) / 1000)
+    talker.end_stream("a", "thinker")
+    assert [e.done for e in talker.step()] == [False, True]  # its second frame, and done
+    assert talker.sessions["s"] == [("context", 300), *meta["audio_windows"]]  # kept
