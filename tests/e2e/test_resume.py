@@ -9,7 +9,6 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -203,7 +202,7 @@ def test_another_key_or_a_used_token_is_refused(server: str) -> None:
     run(body(), 60)
 
 
-def test_a_clean_close_does_not_wait(server: str, tmp_path: Path) -> None:
+def test_a_clean_close_does_not_wait(server: str) -> None:
     async def body() -> None:
         async with opened(server) as ws:
             assert "resume" in json.loads(await ws.recv())
