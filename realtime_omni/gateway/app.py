@@ -156,7 +156,10 @@ class Gateway:
         out: dict[str, Any] = {}
         keys = set(self.metrics).union(*(s.metrics for s in self.sessions))
         for k in sorted(keys):
-            vals = [*self.metrics.get(k, ()), *(x for s in self.sessions for x in s.metrics[k])]
+            vals = [
+                *self.metrics.get(k, ()),
+                *(x for s in self.sessions for x in s.metrics.get(k, ())),
+            ]
             if vals:
                 p50, p99 = np.percentile(vals, [50, 99])
                 out[k] = {

@@ -406,7 +406,8 @@ class Session:
     # ---- events ------------------------------------------------------------------------
 
     def _metric(self, name: str, value_ms: float) -> None:
-        self.metrics[name].append(value_ms)
+        # A name not above is one per stage (`transcription_compute_ms.<stage>`): a few more.
+        self.metrics.setdefault(name, deque(maxlen=_METRIC_LEN)).append(value_ms)
         if self.on_metric is not None:
             self.on_metric(name, value_ms)
 

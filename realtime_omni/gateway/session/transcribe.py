@@ -12,15 +12,19 @@ A transcription lives only as long as its item: an item deleted or dropped by th
 bounds cancels its transcription, queued or running (aborted in the stages), so the audio that
 queued transcriptions hold is always audio `max_session_bytes` counts in the conversation.
 The session's `transcription.language` and `prompt` are put to the thinker as hints; `model`
-is kept and shown, not used.
+is kept and shown, not used. What each transcription cost each stage (its stream's `compute_s`)
+is the session metric `transcription_compute_ms.<stage>`: a text-only request gives the talker
+and code2wav no forward, and this is where that shows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.protocol.conversation import Item, new_id
 
@@ -112,6 +116,7 @@ class Transcriptions:
             finally:
                 stream.close()
             done = True
+            self.s._track(self._charge(stream))
         except OmniError as e:
             done = True  # failed in the stages: nothing is left there
             log.warning("transcription of %s failed: %s", item.id, e)
@@ -134,3 +139,12 @@ class Transcriptions:
             transcript=transcript,
             usage={"type": "tokens", **usage, "total_tokens": total},
         )
+
+    async def _charge(self, stream: Any) -> None:
+        """Record what the transcription cost each stage, once every stage has said."""
+        if not hasattr(stream, "settled"):
+            return
+        with contextlib.suppress(TimeoutError):
+            await within(stream.settled.wait(), 10.0)
+        for stage, seconds in stream.compute_s.items():
+            self.s._metric(f"transcription_compute_ms.{stage}", 1e3 * seconds)
