@@ -48,6 +48,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import zlib
@@ -57,6 +58,7 @@ from typing import Any
 
 import psutil
 import websockets
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,6 +67,7 @@ from realtime_omni.clients.webrtc import espeak, http  # noqa: E402
 from realtime_omni.gateway.media.audio import float_to_pcm16, resample  # noqa: E402
 
 PIECE = 960  # bytes: 20 ms of 24 kHz pcm16
+RESUME_WINDOW_S = 3.0  # a vanished caller's session waits this long for it to come back
 RSS_SLACK = 0.10  # of the first round's RSS: what heavy callers at random moments vary it by
 # Each request a bound must refuse, and the error code that says which bound.
 REFUSED_WITH = {
@@ -303,10 +306,16 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("espeak-ng is not installed")
     speech = float_to_pcm16(resample(spoken[0], spoken[1], 24000))
     port = free_port()
+    # A caller that vanishes leaves its session waiting for a resume (`resume_window_s`): a
+    # short window here, so that "nothing left" is checked after it ended.
+    cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
+    cfg["realtime"] = {**cfg.get("realtime", {}), "resume_window_s": RESUME_WINDOW_S}
+    config = Path(tempfile.mkdtemp()) / "soak.yaml"
+    config.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(port),
          "--max-sessions", str(args.polite + args.typists + args.rude + 2),
-         "--config", str(ROOT / "configs" / "simulated-qwen3-omni.yaml")],
+         "--config", str(config)],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
