@@ -17,6 +17,12 @@
 #                                    8 at once, through every stage of the real-width model at
 #                                    the published depth (70.5 GB of random bf16 weights, built
 #                                    where there is room) or the deepest that fits the disk
+#   benchmarks/gpu_check.sh wer      there: the real checkpoint's word error rate as a
+#                                    transcription session runs it (the thinker, text only) on
+#                                    espeak-ng clips of known text that `wheels` made in
+#                                    .whl/wer-clips; the checkpoint is $RTO_CHECKPOINT, else
+#                                    configs/qwen3-omni-1gpu.yaml's model.path; none there:
+#                                    it says so and passes
 # Each fits one 600 s device call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +46,9 @@ if [[ "${1:-}" == wheels ]]; then
             --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
             --platform manylinux2014_x86_64 "$name==$version"
     done
+    if command -v espeak-ng >/dev/null; then  # the WER check's clips: no espeak-ng there, maybe
+        .venv/bin/python benchmarks/transcription_wer.py --make-clips .whl/wer-clips
+    fi
     ls .whl
     exit 0
 fi
@@ -63,6 +72,12 @@ status=0
 if [[ "${1:-}" == real ]]; then
     timeout 570 python3 benchmarks/real_width.py --layers auto --device cuda:0 --cache-dir auto \
         --json "$out/real_width.json" 2>&1 | tee "$out/real_width.txt" || status=1
+    exit $status
+fi
+if [[ "${1:-}" == wer ]]; then
+    timeout 570 python3 benchmarks/transcription_wer.py --clips .whl/wer-clips \
+        --config configs/qwen3-omni-1gpu.yaml --json "$out/wer.json" 2>&1 \
+        | tee "$out/wer.txt" || status=1
     exit $status
 fi
 if [[ "${1:-}" == stages ]]; then

@@ -24,11 +24,14 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.protocol.conversation import Item, new_id
 
 if TYPE_CHECKING:
+    from realtime_omni.gateway.protocol.settings import Transcription
     from realtime_omni.gateway.session.driver import Session
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,27 @@ INSTRUCTION = (
     "words, nothing else."
 )
 MAX_TOKENS = 256
+
+
+def request(audio: np.ndarray, tr: Transcription | None = None) -> dict[str, Any]:
+    """The pipeline request that transcribes `audio` (16 kHz float32): the thinker alone, text
+    only (nothing for the talker and code2wav), greedy; the session's language and prompt as
+    hints. `benchmarks/transcription_wer.py` sends the same."""
+    hints = [INSTRUCTION]
+    if tr is not None and tr.language:
+        hints.append(f"The language is {tr.language}.")
+    if tr is not None and tr.prompt:
+        hints.append(f"Context: {tr.prompt}")
+    return {
+        "messages": [
+            {"role": "system", "content": " ".join(hints)},
+            {"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]},
+        ],
+        "audio_0": audio,
+        "text_only": True,
+        "temperature": 0.0,
+        "max_tokens": MAX_TOKENS,
+    }
 
 
 class Transcriptions:
@@ -77,22 +101,8 @@ class Transcriptions:
             await self._run(item)
 
     async def _run(self, item: Item) -> None:
-        tr = self.s.settings.transcription
-        hints = [INSTRUCTION]
-        if tr is not None and tr.language:
-            hints.append(f"The language is {tr.language}.")
-        if tr is not None and tr.prompt:
-            hints.append(f"Context: {tr.prompt}")
-        payload = {
-            "messages": [
-                {"role": "system", "content": " ".join(hints)},
-                {"role": "user", "content": [{"type": "audio", "audio": "audio_0"}]},
-            ],
-            "audio_0": item.parts[0].audio,
-            "text_only": True,
-            "temperature": 0.0,
-            "max_tokens": MAX_TOKENS,
-        }
+        assert item.parts[0].audio is not None  # `later` takes audio items only
+        payload = request(item.parts[0].audio, self.s.settings.transcription)
         rid, ids = new_id("tr"), {"item_id": item.id, "content_index": 0}
         text: list[str] = []
         usage = {"input_tokens": 0, "output_tokens": 0}
