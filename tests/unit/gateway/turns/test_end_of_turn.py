@@ -27,14 +27,19 @@ def trace(eot: EndOfTurn, probs: list[float]) -> list[Ask]:
     return asks
 
 
-def test_the_model_is_asked_once_per_pause_and_only_a_fresh_answer_counts() -> None:
+def test_the_model_is_asked_at_each_probe_of_a_pause_and_only_a_fresh_answer_counts() -> None:
     eot = EndOfTurn(probe_ms=200)
-    (ask,) = trace(eot, [0.9] * 10 + [0.0] * 6 + [0.0] * 30)  # 7th silent window: 224 ms
+    asks = trace(eot, [0.9] * 10 + [0.0] * 36)  # 7th silent window: 224 ms; 16th: 512 ms; ...
+    assert len(asks) == 3  # at 224, 512 and 1024 ms of silence (REPROBE_MS)
+    first, ask = asks[0], asks[-1]
+    assert not eot.answer(first, 0.9)  # a newer question was asked since
     assert eot.answer(ask, 0.9) and not eot.answer(ask, 0.3)
     eot.feed(0.9, None)  # they went on talking before the answer came
     assert not eot.answer(ask, 0.9)
     again = [a for a in (eot.feed(p, None) for p in [0.9] * 3 + [0.0] * 7) if a]
     assert len(again) == 1 and again[0].token != ask.token and eot.answer(again[0], 0.9)
+    assert trace(EndOfTurn(reprobe_ms=()), [0.9] * 10 + [0.0] * 60) != []  # once without
+    assert len(trace(EndOfTurn(reprobe_ms=()), [0.9] * 10 + [0.0] * 60)) == 1
 
 
 def test_no_question_without_speech_and_none_after_the_turn_ends() -> None:
