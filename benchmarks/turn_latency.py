@@ -32,11 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import wave
 from pathlib import Path
 from typing import Any
 
@@ -46,25 +48,31 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from realtime_omni.clients.webrtc import Caller, espeak, http  # noqa: E402
+from realtime_omni.clients.webrtc import Caller, http  # noqa: E402
 from realtime_omni.gateway.media.audio import resample  # noqa: E402
 from realtime_omni.models.smart_turn import DEFAULT_DIR, FILE_NAME  # noqa: E402
 
 RATE_HZ = 48000  # the caller's microphone
 LOUD = 0.02  # a received frame with a peak above this is audible
 QUIET_S = 1.0  # an answer is over once this long passed with nothing audible
-BOT_SPEECH = "Sure, I can help you with that. Let me look into it for you right away."
+BOT_SPEECH = "Sure, I can help you with that."
+ANSWER_TOKENS = 12  # short answers: what is measured is how they start
 QUESTIONS = [
     "What is the weather like today?",
     "Can you tell me a short joke?",
     "How far away is the moon?",
     "What time does the museum open tomorrow?",
 ]
-PAUSED = [  # (before the pause, after it): neither half may be answered alone
-    ("I'd like to book a table for", "four people tonight."),
-    ("Could you remind me to call", "my sister at six?"),
-    ("The meeting has been moved to", "Thursday afternoon."),
-    ("I was wondering whether you could", "recommend a good book."),
+# (before the pause, after it): neither half may be answered alone. A person who stops
+# mid-sentence to think says so: the last word drawn out on a rising pitch, or a filler. espeak-ng
+# reads a half sentence flat, as if it were whole (Smart Turn then hears it complete: 0.53-0.97),
+# so the first half is spoken as people hesitate (SSML prosody, or "um"/"uh").
+RISE = "<speak>{}<prosody rate='x-slow' pitch='+30%'>{}</prosody></speak>"
+PAUSED = [
+    (RISE.format("I'd like to book a table ", "for"), "four people tonight."),
+    ("Could you remind me to call, uh", "my sister at six?"),
+    ("The meeting has been moved to, um", "Thursday afternoon."),
+    (RISE.format("I was wondering whether you ", "could"), "recommend a good book."),
 ]
 PAUSES_MS = (400, 800)
 POLICIES: dict[str, dict[str, Any]] = {
@@ -76,12 +84,17 @@ POLICIES: dict[str, dict[str, Any]] = {
 
 
 def voice(text: str) -> np.ndarray:
-    """`text` spoken at 48 kHz, its leading and trailing silence cut: its last sample is the
-    end of speech."""
-    said = espeak(text)
-    if said is None:
+    """`text` (SSML if it starts with `<speak>`) spoken at 48 kHz, its leading and trailing
+    silence cut: its last sample is the end of speech."""
+    if shutil.which("espeak-ng") is None:
         raise SystemExit("turn_latency.py needs espeak-ng")
-    pcm, rate = said
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "speech.wav"
+        ssml = ["-m"] if text.startswith("<speak>") else []
+        subprocess.run(["espeak-ng", *ssml, "-w", str(path), text], check=True)
+        with wave.open(str(path)) as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
     loud = np.flatnonzero(np.abs(pcm) > 0.01)
     return resample(pcm[loud[0] : loud[-1] + 1], rate, RATE_HZ) * 0.8
 
@@ -94,7 +107,7 @@ def utterances(rounds: int) -> list[tuple[str, list[np.ndarray], bool]]:
             out.append((q, [voice(q)], False))
         for i, (a, b) in enumerate(PAUSED):
             pause = np.zeros(PAUSES_MS[i % len(PAUSES_MS)] * RATE_HZ // 1000, np.float32)
-            out.append((f"{a} ... {b}", [voice(a), pause, voice(b)], True))
+            out.append((f"{a} ... {b}", [voice(a), pause, voice(b)], True))  # the pause: silence
     return out
 
 
@@ -115,7 +128,8 @@ async def call(url: str, policy: dict[str, Any], turns: list[Any]) -> list[dict[
     await caller.connect()
     td = {"prefill_while_speaking": False, **policy}
     sent = time.monotonic()
-    caller.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": td}}}})
+    session = {"audio": {"input": {"turn_detection": td}}, "max_output_tokens": ANSWER_TOKENS}
+    caller.send({"type": "session.update", "session": session})
     _, updated = await caller.wait_for("session.updated", since=sent)
     got = updated["session"]["audio"]["input"]["turn_detection"]
     assert got["type"] == td["type"] and got["preemptive_ms"] == td["preemptive_ms"], got
@@ -176,7 +190,7 @@ def main() -> None:
     if not (DEFAULT_DIR / FILE_NAME).exists():
         raise SystemExit(f"Smart Turn's model is not in {DEFAULT_DIR}: run make install")
     turns = utterances(args.rounds)
-    rows = []
+    rows, detail = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(args.port),
                "--config", str(speaking_config(Path(tmp)))]  # fmt: skip
@@ -192,6 +206,7 @@ def main() -> None:
                 print(f"  {name} ...", file=sys.stderr, flush=True)
                 before = metrics(url)
                 results = asyncio.run(call(url, POLICIES[name], turns))
+                detail[name] = results
                 time.sleep(1.0)  # the last requests' costs come in
                 after = metrics(url)
                 answered = sum(
@@ -232,7 +247,7 @@ def main() -> None:
         "ended; targets (the full policy): p50 <= 450 ms, premature <= 5 %"
     )
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "turns": detail}, indent=2))
 
 
 if __name__ == "__main__":
