@@ -21,10 +21,17 @@ heard before the person finished) over the paused sentences; and the compute dis
 stages' seconds spent on abandoned preemptive answers over all the seconds the turns cost
 (`/v1/metrics`' `discarded_compute_ms`, `answer_compute_ms` and `prefill_compute_ms`).
 
-    python benchmarks/turn_latency.py [--rounds 2] [--policies silence,smart_turn,...]
-                                      [--json PATH]
+With `--browser`, the browser's own figure too: the demo page in headless Chromium (web/, as the
+server serves it) speaks the complete questions through a fake microphone under the page's
+default policy (Smart Turn on, the server's preemptive_ms: `smart_turn+preemptive`), and the
+page measures end of speech -> first audible sample of the answer on one audio clock
+(`turn_latency_browser.py`); its row is `browser`, with no premature or discarded figures.
 
-Needs espeak-ng and Smart Turn's model (`make install`).
+    python benchmarks/turn_latency.py [--rounds 2] [--policies silence,smart_turn,...]
+                                      [--browser] [--json PATH]
+
+Needs espeak-ng and Smart Turn's model (`make install`); `--browser` also chromium and
+playwright. `--policies ''` with `--browser` runs the browser alone.
 """
 
 from __future__ import annotations
@@ -180,12 +187,38 @@ def speaking_config(tmp: Path) -> Path:
     return path
 
 
+def browser_row(url: str, rounds: int, detail: dict[str, Any]) -> dict[str, Any]:
+    """The demo page in Chromium speaks the complete questions `rounds` times; its row."""
+    from turn_latency_browser import browser_call
+
+    speeches = [(q, voice(q)) for _ in range(rounds) for q in QUESTIONS]
+    results, report = browser_call(url, speeches, ANSWER_TOKENS)
+    td = report["turn_detection"] or {}
+    assert td.get("type") == "semantic_vad", f"the page's policy is not Smart Turn: {td}"
+    assert td.get("preemptive_ms") is not None, f"no preemptive answers: {td}"
+    assert not report["errors"], report["errors"]
+    detail["browser"] = {"turns": results, **report}
+    heard = [r["end_to_heard_ms"] for r in results if r["end_to_heard_ms"] is not None]
+    return {
+        "policy": "browser",
+        "turns": len(speeches),
+        "unanswered": len(speeches) - len(heard),
+        "end_to_heard_ms_p50": pct(heard, 50),
+        "end_to_heard_ms_p90": pct(heard, 90),
+        "premature_ratio": None,
+        "discarded_compute_ratio": None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="times through the corpus")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--browser", action="store_true", help="the demo page in Chromium too: the browser row"
+    )
     args = parser.parse_args()
     if not (DEFAULT_DIR / FILE_NAME).exists():
         raise SystemExit(f"Smart Turn's model is not in {DEFAULT_DIR}: run make install")
@@ -202,7 +235,7 @@ def main() -> None:
             if not line:
                 raise SystemExit("the server did not start")
             url = f"http://127.0.0.1:{args.port}"
-            for name in args.policies.split(","):
+            for name in [n for n in args.policies.split(",") if n]:
                 print(f"  {name} ...", file=sys.stderr, flush=True)
                 before = metrics(url)
                 results = asyncio.run(call(url, POLICIES[name], turns))
@@ -231,6 +264,9 @@ def main() -> None:
                         "discarded_compute_ratio": round(wasted / max(1e-9, answered + wasted), 3),
                     }
                 )
+            if args.browser:
+                print("  browser ...", file=sys.stderr, flush=True)
+                rows.append(browser_row(url, args.rounds, detail))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
