@@ -29,7 +29,8 @@ from realtime_omni.gateway.protocol.events import (
     loads,
     parse_metadata,
 )
-from realtime_omni.gateway.protocol.settings import Settings, Voices, apply_session_update
+from realtime_omni.gateway.protocol.session_update import apply_session_update
+from realtime_omni.gateway.protocol.settings import Settings, Voices
 from realtime_omni.gateway.session.response import Response
 
 # What `response.create`'s `response` may set for that response alone.

@@ -69,34 +69,11 @@ from realtime_omni.gateway.media.playout import Playout, Read
 from realtime_omni.gateway.protocol.conversation import MAX_BYTES, Conversation, Item, Part, new_id
 from realtime_omni.gateway.protocol.events import (
     ProtocolError,
-    decode_b64,
-    error_event,
-    parse_item,
 )
-from realtime_omni.gateway.protocol.settings import (
-    SESSION_TYPES,
-    Settings,
-    Voices,
-    apply_session_update,
-    new_settings,
-)
-from realtime_omni.gateway.session.client_events import (
-    AddItem,
-    CancelResponse,
-    ClearInput,
-    ClientEvents,
-    CommitAudio,
-    DeleteItem,
-    Effect,
-    Emit,
-    Flush,
-    PushAudio,
-    SetSettings,
-    StartResponse,
-    TruncateItem,
-    error,
-    read_event,
-)
+from realtime_omni.gateway.protocol.session_update import apply_session_update
+from realtime_omni.gateway.protocol.settings import SESSION_TYPES, Settings, Voices, new_settings
+from realtime_omni.gateway.session import effects
+from realtime_omni.gateway.session.client_events import ClientEvents, error
 from realtime_omni.gateway.session.hearing import Hearing, VadModel
 from realtime_omni.gateway.session.outbox import Outbox
 from realtime_omni.gateway.session.response import Response
@@ -124,7 +101,6 @@ from realtime_omni.logs import SESSION
 log = logging.getLogger(__name__)
 
 _METRIC_LEN = 1000  # samples kept per metric
-BIG_B64 = 1 << 20  # base64 text longer than this is decoded in a worker thread
 
 
 class EndOfTurnModel(Protocol):
@@ -298,84 +274,12 @@ class Session:
     async def handle(self, event: Any) -> None:
         """Apply one client event. Raises `ProtocolError` for one it refuses."""
         for effect in self.client.decide(event, self, time.monotonic()):
-            await self._do(effect)
+            await effects.carry_out(self, effect)
 
     async def handle_text(self, raw: str, max_bytes: int) -> dict[str, Any] | None:
         """`handle` one client message as a transport receives it (JSON text); the `error`
         event to send back when it is too big, not JSON, refused or failed, else None."""
-        try:
-            event = read_event(raw, max_bytes)
-        except ProtocolError as e:
-            return error(e)
-        client_id = event.get("event_id") if isinstance(event, dict) else None
-        client_id = client_id if isinstance(client_id, str) else None
-        try:
-            await self.handle(event)
-        except ProtocolError as e:
-            return error(e, client_id)
-        except Exception:  # a bug must cost the client an error event, not the connection
-            log.exception("session %s: event %r failed", self.id, event.get("type"))
-            return error_event(  # Python's own words stay in the log, not with the client
-                "the server failed to handle this event; it logged why", "server_error", None,
-                client_id, "server_error",
-            )  # fmt: skip
-        return None
-
-    async def _do(self, effect: Effect) -> None:
-        """Carry out what a client event's decision asks."""
-        match effect:
-            case Emit(type=kind, fields=fields):
-                self._emit(kind, **fields)
-            case SetSettings(settings=settings):
-                self._apply(settings)
-            case PushAudio(audio=audio, settings=settings):
-                await self._push_b64(audio, settings)
-            case ClearInput():
-                self._clear_input()
-            case CommitAudio(pcm=pcm, item_id=item_id):
-                self._commit_audio(pcm, item_id)
-            case Flush(item_id=item_id):
-                self._flush(item_id)
-            case AddItem(item=raw, previous_item_id=prev, settings=settings):
-                # Off the event loop: base64, audio conversion and image decoding of a large
-                # item (a 6000x6000 PNG took 0.34 s) must not stall every other call's audio.
-                item = await asyncio.to_thread(parse_item, raw, settings.input_format)
-                self._emit_item_added(item, self._add(item, prev))
-            case CancelResponse(reason=reason, speech_goes_on=goes_on):
-                if goes_on and self.turns.truncated():  # the speech over it: the next turn
-                    self.playout.paused = False  # the next answer plays
-                await self.cancel_response(reason)
-            case TruncateItem(item_id=item_id, audio_end_ms=ms):
-                self._truncate(item_id, ms)
-            case DeleteItem(item_id=item_id):
-                self.conversation.delete(item_id)
-                self._deleted(item_id)
-            case StartResponse(overrides=overrides):
-                self.responses.start(overrides, time.monotonic())
-
-    async def _push_b64(self, audio: str, settings: Settings) -> None:
-        fmt = settings.input_format
-        if len(audio) > BIG_B64:  # megabytes: off the event loop
-            data = await asyncio.to_thread(decode_b64, audio, "audio")
-        else:
-            data = decode_b64(audio, "audio")
-        pcm = fmt.decode(data)
-        # Half a second at a time, yielding between: a long append's resampling never holds the
-        # event loop (every other call's audio) for more than a fraction of a millisecond.
-        step = fmt.rate_hz // 2
-        for i in range(0, len(pcm), step):
-            if i:
-                await asyncio.sleep(0)
-            self.push_audio(pcm[i : i + step], fmt.rate_hz)
-
-    def _truncate(self, item_id: str, ms: int) -> None:
-        """Cut an assistant item to a client's playback position. One past its audio (the
-        decision allowed `TRUNCATE_SLACK_MS`: rounded up, a frame late; or past what the cancel
-        before it kept of the answer) keeps all of it."""
-        item = self.conversation.get(item_id)
-        ms = min(ms, int(item.audio_ms))
-        item.truncate(ms)
-        self._emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=ms)
+        return await effects.handle_text(self, raw, max_bytes)
 
     def configure(self, session: Any) -> list[ProtocolError]:
         """Apply a session object (a client secret's, a call's, a `session.update`'s) without a

@@ -37,12 +37,8 @@ from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
 from realtime_omni.gateway.media.echo_canceller import EchoCanceller
 from realtime_omni.gateway.protocol.events import ProtocolError, loads
-from realtime_omni.gateway.protocol.settings import (
-    SESSION_TYPES,
-    Settings,
-    apply_session_update,
-    new_settings,
-)
+from realtime_omni.gateway.protocol.session_update import apply_session_update
+from realtime_omni.gateway.protocol.settings import SESSION_TYPES, Settings, new_settings
 from realtime_omni.gateway.transports.webrtc import (
     MAX_OFFER_BYTES,
     SignallingError,

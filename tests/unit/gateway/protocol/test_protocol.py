@@ -7,8 +7,8 @@ from realtime_omni.gateway.protocol.events import (
     for_beta,
     parse_item,
 )
+from realtime_omni.gateway.protocol.session_update import apply_session_update as apply_with_errors
 from realtime_omni.gateway.protocol.settings import Settings, Voices
-from realtime_omni.gateway.protocol.settings import apply_session_update as apply_with_errors
 
 
 def apply_session_update(s: Settings, session: object) -> Settings:

@@ -5,12 +5,8 @@ import numpy as np
 import pytest
 
 from realtime_omni.gateway.protocol.events import ProtocolError
-from realtime_omni.gateway.protocol.settings import (
-    Settings,
-    TurnDetection,
-    apply_session_update,
-    new_settings,
-)
+from realtime_omni.gateway.protocol.session_update import apply_session_update
+from realtime_omni.gateway.protocol.settings import Settings, TurnDetection, new_settings
 from realtime_omni.gateway.session.client_events import ANSWER_EVENTS, ClientEvents
 from realtime_omni.gateway.session.driver import Session
 from tests.conftest import run

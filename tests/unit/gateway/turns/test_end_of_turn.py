@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from realtime_omni.errors import ConfigError
-from realtime_omni.gateway.protocol.settings import apply_session_update
+from realtime_omni.gateway.protocol.session_update import apply_session_update
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.turns.end_of_turn import Ask, EndOfTurn
 from realtime_omni.gateway.turns.vad import SpeechStarted, SpeechStopped
