@@ -223,13 +223,25 @@ class Caller:
         calls: bool = False,
         token: str | None = None,
         session: dict[str, Any] | None = None,
+        live: dict[str, Any] | None = None,
     ) -> None:
         """Offer, apply the answer, wait for the data channel to open. `calls`: OpenAI's flow,
         `POST /v1/realtime/calls` with `token` (a key or client secret) as the bearer, and
-        `session` settings in a multipart form beside the offer."""
+        `session` settings in a multipart form beside the offer. `live`: OpenAI's Live API,
+        `POST /v1/live/sessions` with this startup configuration (`session.start`'s)."""
         sdp = await self.offer()
         auth = {"Authorization": f"Bearer {token}"} if token else {}
-        if calls:
+        if live is not None:
+            start = json.dumps({"session": live, "transport": {"type": "webrtc", "sdp": sdp}})
+            status, headers, reply = await asyncio.to_thread(
+                http, "POST", f"{self.base_url}/v1/live/sessions", start.encode(),
+                "application/json", auth,
+            )  # fmt: skip
+            if status != 201:
+                raise RuntimeError(f"Live session refused: {status} {reply.decode()}")
+            created = json.loads(reply)
+            self.session_id, answer = created["session"]["id"], created["transport"]["sdp"]
+        elif calls:
             if session is None:
                 body, kind = sdp.encode(), "application/sdp"
             else:

@@ -46,7 +46,7 @@ from realtime_omni.gateway.origins import OriginMiddleware, host_name, is_loopba
 from realtime_omni.gateway.prometheus import CONTENT_TYPE, Exporter
 from realtime_omni.gateway.protocol.settings import Settings, Voices
 from realtime_omni.gateway.session.driver import EndOfTurnModel, Session, VadModel
-from realtime_omni.gateway.transports import live, media_stream, realtime_calls
+from realtime_omni.gateway.transports import live, live_webrtc, media_stream, realtime_calls
 from realtime_omni.gateway.transports.realtime_ws import realtime_endpoint
 from realtime_omni.gateway.transports.resume import Resumes
 from realtime_omni.gateway.transports.webrtc import WebRtcCalls
@@ -369,6 +369,7 @@ def create_app(
             *webrtc_routes(),
             *realtime_calls.routes(),
             *live.routes(),
+            *live_webrtc.routes(),
             *media_stream.routes(phones),
             # The demo page's scripts and styles (web/); check_dir: the app runs without them.
             Mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static"),

@@ -50,6 +50,7 @@ SUBPROTOCOL_KEY = "openai-insecure-api-key."
 CALL_ROUTES = re.compile(
     r"websocket:/v1/realtime|http:/v1/realtime/calls(/[^/]+/hangup)?|http:/v1/webrtc/offer"
     r"|http:/v1/whip(/[^/]+)?|websocket:/v1/live/sessions(/[^/]+/attach)?"
+    r"|http:/v1/live/sessions(/[^/]+/hangup)?"
 )
 PHONE_ROUTES = re.compile(r"websocket:/v1/phone/[^/]+")  # a phone stream's secret
 

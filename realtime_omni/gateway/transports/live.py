@@ -141,6 +141,7 @@ class LiveConnection:
     def __init__(self, ws: WebSocket, call: LiveCall) -> None:
         self.ws, self.call = ws, call
         self.session = call.session
+        self.hung_up = False  # the client closed the socket with a close frame
 
     async def send(self, event: dict[str, Any]) -> None:
         event = {"event_id": event_id(), **event}
@@ -153,6 +154,9 @@ class LiveConnection:
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
+                # as realtime_ws.receive_loop: 1005 with no reason is a connection lost
+                code = msg.get("code")
+                self.hung_up = code in (1000, 1001) or ("reason" in msg and code != 1006)
                 return
             raw = msg.get("text")
             if raw is None:
@@ -284,6 +288,8 @@ async def live_endpoint(ws: WebSocket) -> None:
             await conn.drain()
             tasks[1].cancel()  # no more input; the sender goes on through the drain above
             await conn.send({"type": "session.usage.updated", "usage": call.live.usage()})
+        if tasks[1] in done and conn.hung_up:
+            reason = "remote_hangup"  # a graceful close: the sidebands are told so
         for t in done:
             if t is not tasks[2] and not t.cancelled() and t.exception() is not None:
                 exc = t.exception()
@@ -298,7 +304,7 @@ async def live_endpoint(ws: WebSocket) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         closed = call.end(reason)
         calls.pop(session.id, None)
-        if reason != "connection_lost":
+        if reason not in ("connection_lost", "remote_hangup"):
             with contextlib.suppress(Exception):
                 await within(ws.send_text(json.dumps({"event_id": event_id(), **closed})), 2.0)
         await release(gw, session)

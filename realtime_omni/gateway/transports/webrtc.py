@@ -41,6 +41,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
@@ -164,12 +165,16 @@ class WebRtcCall:
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except Exception as e:
             raise _malformed("the offer cannot be answered", e) from None
-        for event in self.events.opening():
+        for event in self.opening():
             self.send_event(event)
         self._spawn(self._pump_events())
         self._spawn(self._handle_inbox())
         self._spawn(self._watch_connect())
         return self.pc.localDescription.sdp
+
+    def opening(self) -> list[dict[str, Any]]:
+        """The first events on the data channel (a Live call's differ: `live_webrtc.py`)."""
+        return self.events.opening()
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.ensure_future(coro)
@@ -303,11 +308,17 @@ class WebRtcCalls:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def create(
-        self, sdp: str, settings: dict[str, Any] | None = None, grant: Grant | None = None
+        self,
+        sdp: str,
+        settings: dict[str, Any] | None = None,
+        grant: Grant | None = None,
+        make: Callable[[WebRtcCalls, Session], WebRtcCall] | None = None,
+        transport: str = "webrtc",
     ) -> tuple[WebRtcCall, str]:
         """A call for this offer, and its answer; `settings` (a session object: a client
-        secret's, a call's) apply before `session.created`; `grant` asks for it. `SignallingError`
-        on refusal; a refused or failed offer leaves nothing behind."""
+        secret's, a call's) apply before `session.created`; `grant` asks for it; `make` builds
+        the call (a Live call: `live_webrtc.py`). `SignallingError` on refusal; a refused or
+        failed offer leaves nothing behind."""
         grant = grant or Grant("open")
         check_offer(sdp)  # before a session, or a pending call's place, is spent on it
         while (refused := self.gw.refusal(grant)) is not None:
@@ -327,9 +338,9 @@ class WebRtcCalls:
             self.gw.sessions.discard(old.session)
             old.end("its place went to a newer offer before it connected")
         session = admit(
-            self.gw, output_rate_hz=PLAYOUT_RATE_HZ, transport="webrtc", owner=grant.owner
+            self.gw, output_rate_hz=PLAYOUT_RATE_HZ, transport=transport, owner=grant.owner
         )
-        call = WebRtcCall(self, session)
+        call = (make or WebRtcCall)(self, session)
         self.calls[call.id] = call
         self.totals["calls"] += 1
         try:
