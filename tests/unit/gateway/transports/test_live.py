@@ -313,3 +313,30 @@ def test_a_client_secret_starts_a_live_session_but_attaches_to_its_own_only() ->
         with srv.websocket("/v1/live/sessions", secret) as ws:
             ws.send(json.dumps({"type": "session.start", "session": START}))
             assert recv_json(ws)["type"] == "session.started"
+
+
+def _closed_on(side: Any) -> dict[str, Any]:
+    while (ev := recv_json(side))["type"] != "session.closed":
+        pass
+    return ev
+
+
+def test_a_close_frame_is_a_remote_hangup_and_the_hangup_route_a_close_request() -> None:
+    with gateway_server(keys="sk-test") as srv:
+        for how, reason in (("close frame", "remote_hangup"), ("hangup", "close_requested")):
+            with srv.websocket("/v1/live/sessions", bearer("sk-test")) as ws:
+                ws.send(json.dumps({"type": "session.start", "session": START}))
+                sid = recv_json(ws)["session"]["id"]
+                with srv.websocket(f"/v1/live/sessions/{sid}/attach", bearer("sk-test")) as side:
+                    assert recv_json(side)["type"] == "session.updated"
+                    if how == "hangup":
+                        path = f"/v1/live/sessions/{sid}/hangup"
+                        assert srv.post_json(path, {}, bearer("sk-test"))[0] == 200
+                    else:
+                        ws.close(1000)
+                    assert _closed_on(side)["reason"] == reason, how
+                if how == "hangup":
+                    assert _closed_on(ws)["reason"] == "close_requested"
+        path = "/v1/live/sessions/sess_none/hangup"
+        assert srv.post_json(path, {}, bearer("sk-test"))[0] == 404
+        assert srv.app.state.live == {} and not srv.gw.sessions
