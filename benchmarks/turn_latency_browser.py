@@ -252,6 +252,7 @@ def browser_call(
                     " errors: window.__bench.errors})"
                 )
                 page_errors = [*errors, *page.evaluate("window.omni.errors")]
+                jitter_ms = page.evaluate("window.omni.rx.jitterBufferMs")  # getStats()
                 page.click("#connect")  # hang up
             finally:
                 browser.close()
@@ -262,6 +263,8 @@ def browser_call(
     report = {
         "turn_detection": bench["sessions"][-1] if bench["sessions"] else None,
         "errors": bench["errors"] + page_errors,
+        # Chromium's receive jitter buffer, its mean delay over the page's last 500 ms of stats.
+        "jitter_buffer_ms": jitter_ms,
         # The microphone's measured gaps between speech ends against the WAV's: how exactly the
         # page hears its own microphone (ms; ~0 when the taps see every sample in time).
         "mic_layout_error_ms": [
