@@ -200,6 +200,12 @@ class RealtimeConfig(_Strict):
         description="live sessions one client secret may hold at once (a page's own call); "
         "more are refused with client_secret_session_limit",
     )
+    live_max_session_s: float = Field(
+        3600.0,
+        gt=0,
+        description="how long a Live API session (/v1/live/sessions) may last: its session "
+        "resource's expires_at, after which it ends with session.closed reason expired",
+    )
     resume_window_s: float = Field(
         30.0,
         ge=0,

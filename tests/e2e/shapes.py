@@ -29,6 +29,23 @@ def _models(beta: bool) -> dict[str, type[BaseModel]]:
     return out
 
 
+@cache
+def _live() -> Any:
+    from openai.types.live import ServerEvent
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ServerEvent)
+
+
+def check_live(event: dict[str, Any]) -> list[str]:
+    """What the SDK's Live API server event types refuse in this event."""
+    try:
+        _live().validate_python(event)
+    except ValidationError as e:
+        return [f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()][:3]
+    return []
+
+
 def check(event: dict[str, Any], beta: bool = False) -> list[str]:
     """What the SDK's type for this event refuses in it (an unknown type is a problem too)."""
     model = _models(beta).get(str(event.get("type")))
@@ -49,9 +66,12 @@ def check_log(path: Path) -> dict[str, list[str]]:
         return bad
     for line in path.read_text().splitlines():
         rec = json.loads(line)
-        if rec["transport"] == "live":  # OpenAI's Live API: none of the Realtime types
-            continue
         ev, beta = rec["event"], rec["beta"]
+        if rec["transport"] == "live":  # OpenAI's Live API: its own types
+            key = f"{ev.get('type')} (live)"
+            if key not in bad and (problems := check_live(ev)):
+                bad[key] = problems
+            continue
         key = f"{ev.get('type')} ({'beta' if beta else 'GA'})"
         if key not in bad and (problems := check(ev, beta)):
             bad[key] = problems

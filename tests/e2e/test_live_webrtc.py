@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,7 +64,9 @@ def test_speech_in_answer_out_and_close(server: str, speech48: np.ndarray) -> No
             caller.send({"type": "session.close", "event_id": "close_1"})
             _, closed = await caller.wait_for("session.closed", timeout(10))
             assert closed["reason"] == "close_requested", closed
-            assert closed["session"]["status"] == "closed" and closed["usage"]["seconds"] > 0
+            # Always "active", as OpenAI's: the event says it closed; it says when it would expire.
+            assert closed["session"]["status"] == "active" and closed["usage"]["seconds"] > 0
+            assert closed["session"]["expires_at"] > time.time() + 3000
             kinds = [ev["type"] for _, ev in caller.events]
             assert "error" not in kinds, [ev for _, ev in caller.events if ev["type"] == "error"]
             assert "session.output_audio.delta" not in kinds  # audio goes on the track
@@ -143,3 +146,26 @@ def test_hangup_route_and_refusals(server: str) -> None:
         assert st["sessions"] == 0 and st["webrtc"]["live"] == 0, st
 
     run(body(), 60)
+
+
+def test_a_live_session_ends_expired_at_its_expires_at(tmp_path: Any) -> None:
+    """`realtime.live_max_session_s`: the session resource says when it expires, and then it
+    ends with `session.closed` reason `expired`."""
+    import yaml
+
+    from tests.conftest import ROOT
+
+    cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
+    cfg["realtime"] = {**cfg.get("realtime", {}), "live_max_session_s": 2.0}
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with serving(config=path) as url:
+        ws_url = url.replace("http://", "ws://") + "/v1/live/sessions"
+        with ws_connect(ws_url, open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "session.start", "session": START}))
+            started = json.loads(ws.recv(timeout=timeout(10)))
+            assert started["type"] == "session.started"
+            assert 0 < started["session"]["expires_at"] - time.time() <= 2.5
+            while (ev := json.loads(ws.recv(timeout=timeout(10))))["type"] != "session.closed":
+                pass
+            assert ev["reason"] == "expired"

@@ -118,12 +118,14 @@ class StartConfig:
             out.append({"type": "conversation.item.create", "item": item})
         return out
 
-    def to_live(self, session_id: str, status: str = "active") -> dict[str, Any]:
-        """The session resource of `session.started`, `session.updated` and `session.closed`."""
+    def to_live(self, session_id: str, expires_at: int) -> dict[str, Any]:
+        """The session resource of `session.started`, `session.updated` and `session.closed`
+        (whose status is `active` too, as OpenAI's: the event says it closed)."""
         return {
             "id": session_id,
             "object": "live.session",
-            "status": status,
+            "status": "active",
+            "expires_at": expires_at,
             "model": self.model,
             "instructions": self.instructions,
             "audio": {"format": self.format.to_live(), "output": {"voice": self.voice}},

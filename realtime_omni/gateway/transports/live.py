@@ -67,6 +67,10 @@ class LiveCall:
         self.ended = asyncio.Event()
         self.close_requested = asyncio.Event()
         self.out_samples = 0  # output sent so far: the session's output clock
+        # It lasts `realtime.live_max_session_s` at most, then ends with reason `expired`.
+        max_s = gw.config.realtime.live_max_session_s
+        self.expires_at = int(time.time() + max_s)
+        self._expiry = asyncio.get_running_loop().call_later(max_s, self._expire)
 
     @property
     def id(self) -> str:
@@ -76,8 +80,12 @@ class LiveCall:
     def out_ms(self) -> int:
         return self.out_samples * 1000 // self.session.output_rate
 
-    def resource(self, status: str = "active") -> dict[str, Any]:
-        return self.config.to_live(self.id, status)
+    def resource(self) -> dict[str, Any]:
+        return self.config.to_live(self.id, self.expires_at)
+
+    def _expire(self) -> None:
+        self.live.closing = self.live.closing or "expired"
+        self.close_requested.set()
 
     def log(self, label: str, event: dict[str, Any]) -> None:
         if self.gw.event_log is not None:
@@ -124,7 +132,8 @@ class LiveCall:
                 q.put_nowait(event)
 
     def end(self, reason: str) -> dict[str, Any]:
-        closed = {"type": "session.closed", "reason": reason, "session": self.resource("closed")}
+        self._expiry.cancel()
+        closed = {"type": "session.closed", "reason": reason, "session": self.resource()}
         closed["usage"] = self.live.usage()
         self.publish({"event_id": event_id(), **closed})
         for q in self.listeners:

@@ -62,7 +62,7 @@ def test_start_configures_the_session_with_transcription_and_the_delegate_functi
         ("system", "input_text"),
         ("assistant", "output_text"),
     ]
-    assert cfg.to_live("sess_1")["delegation"] == {"type": "client"}
+    assert cfg.to_live("sess_1", 0)["delegation"] == {"type": "client"}
 
 
 @pytest.mark.parametrize(
