@@ -11,6 +11,7 @@ OpenAI's events (the WebSocket, a call's sideband, WebRTC's data channel).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from realtime_omni.gateway.protocol.events import event_id, for_beta
@@ -54,3 +55,17 @@ class EventChannel:
         if self.event_log is not None:
             self.event_log.write(self.session.id, self.label, self.beta, event)
         return event
+
+
+def message_text(msg: Mapping[str, Any]) -> str:
+    """A received WebSocket message's text (a binary frame's bytes decoded as UTF-8)."""
+    raw = msg.get("text")
+    return raw if raw is not None else (msg.get("bytes") or b"").decode("utf-8", "replace")
+
+
+def closed_by_client(msg: Mapping[str, Any]) -> bool:
+    """Whether a `websocket.disconnect` is the client's own close (a close frame, whatever its
+    code) rather than a lost connection: uvicorn's websockets-sansio says 1005 with no reason
+    for a lost connection, and gives a close frame's reason ("" for none) with its code."""
+    code = msg.get("code")
+    return code in (1000, 1001) or ("reason" in msg and code != 1006)

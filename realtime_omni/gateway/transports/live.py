@@ -40,6 +40,7 @@ from realtime_omni.gateway.protocol.live import (
     live_error,
     parse_start,
 )
+from realtime_omni.gateway.transports.channel import closed_by_client, message_text
 
 if TYPE_CHECKING:
     from realtime_omni.gateway.host import Host
@@ -67,6 +68,7 @@ class LiveCall:
         self.ended = asyncio.Event()
         self.close_requested = asyncio.Event()
         self.out_samples = 0  # output sent so far: the session's output clock
+        self.audio_on_track = False  # WebRTC: input audio comes on the media track only
         # It lasts `realtime.live_max_session_s` at most, then ends with reason `expired`.
         max_s = gw.config.realtime.live_max_session_s
         self.expires_at = int(time.time() + max_s)
@@ -109,12 +111,23 @@ class LiveCall:
                 r["session"] = self.resource()
         return replies
 
-    async def handle(self, raw: str | bytes) -> list[dict[str, Any]]:
-        """One Live client event as received; the replies (acks, errors) for its sender."""
+    async def handle(self, raw: str) -> list[dict[str, Any]]:
+        """One Live client event as received (a message of at most `max_message_bytes`); the
+        replies (acks, errors) for its sender."""
+        limit = self.gw.config.max_message_bytes
+        if len(raw) > limit:
+            return [live_error(LiveError(f"a message is at most {limit} bytes", code="too_large"))]
         client_event_id = None
         try:
             ev = loads(raw, "the event")
             client_event_id = ev.get("event_id") if isinstance(ev, dict) else None
+            audio = isinstance(ev, dict) and ev.get("type") == "session.input_audio.append"
+            if audio and self.audio_on_track:
+                raise LiveError(
+                    "on WebRTC the audio goes on the media track, not the data channel",
+                    code="invalid_event",
+                    param="type",
+                )
             return await self.run(self.live.client(ev, self.out_ms))
         except ProtocolError as e:
             return [live_error(e, client_event_id)]
@@ -159,22 +172,12 @@ class LiveConnection:
         await within(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
 
     async def receive_loop(self) -> None:
-        limit = self.call.gw.config.max_message_bytes
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
-                # as realtime_ws.receive_loop: 1005 with no reason is a connection lost
-                code = msg.get("code")
-                self.hung_up = code in (1000, 1001) or ("reason" in msg and code != 1006)
+                self.hung_up = closed_by_client(msg)
                 return
-            raw = msg.get("text")
-            if raw is None:
-                raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
-            if len(raw) > limit:
-                err = LiveError(f"a message is at most {limit} bytes", code="too_large")
-                await self.send(live_error(err))
-                continue
-            for reply in await self.call.handle(raw):
+            for reply in await self.call.handle(message_text(msg)):
                 await self.send(reply)
 
     async def on_session_event(self, ev: dict[str, Any]) -> None:
@@ -346,8 +349,7 @@ async def attach_endpoint(ws: WebSocket) -> None:
             msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
                 return
-            raw = msg.get("text") or (msg.get("bytes") or b"").decode("utf-8", "replace")
-            for reply in await call.handle(raw):
+            for reply in await call.handle(message_text(msg)):
                 await send({"event_id": event_id(), **reply})
 
     tasks = [asyncio.create_task(pump()), asyncio.create_task(receive())]

@@ -75,6 +75,7 @@ class LiveWebRtcCall(WebRtcCall):
     ) -> None:
         super().__init__(calls, session)
         self.live = LiveCall(session, config, calls.gw)
+        self.live.audio_on_track = True  # `session.input_audio.append` is refused
         self.registry = registry  # app.state.live: the sidebands find the session there
         self.reason: str | None = None  # session.closed's, once the call is ending
 
@@ -123,25 +124,10 @@ class LiveWebRtcCall(WebRtcCall):
                 self.send_event(reply)
 
     async def _handle_inbox(self) -> None:
-        limit = self.calls.gw.config.max_message_bytes
         while True:
             raw = await self._inbox.get()
             if isinstance(raw, bytes):
                 raw = raw.decode("utf-8", "replace")
-            if len(raw) > limit:
-                err = LiveError(f"a message is at most {limit} bytes", code="too_large")
-                self.send_event(live_error(err))
-                continue
-            with contextlib.suppress(ProtocolError):  # malformed: `handle` says so below
-                ev = loads(raw, "the event")
-                if isinstance(ev, dict) and ev.get("type") == "session.input_audio.append":
-                    err = LiveError(
-                        "on WebRTC the audio goes on the media track, not the data channel",
-                        code="invalid_event",
-                        param="type",
-                    )
-                    self.send_event(live_error(err, ev.get("event_id")))
-                    continue
             self._clock()
             for reply in await self.live.handle(raw):
                 self.send_event(reply)

@@ -26,7 +26,7 @@ from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.protocol.events import error_event, event_id
 from realtime_omni.gateway.session.driver import Session
-from realtime_omni.gateway.transports.channel import EventChannel
+from realtime_omni.gateway.transports.channel import EventChannel, closed_by_client, message_text
 from realtime_omni.gateway.transports.resume import TAKEN_OVER, Link, ResumeRefused
 
 if TYPE_CHECKING:
@@ -81,15 +81,8 @@ class RealtimeConnection:
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
-                # uvicorn's websockets-sansio says 1005 with no reason for a lost connection, and
-                # gives the frame's reason ("" for none) with its code for a close frame.
-                return msg.get("code") in (1000, 1001) or (
-                    "reason" in msg and msg.get("code") != 1006
-                )
-            raw = msg.get("text")
-            if raw is None:
-                raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
-            err = await self.session.handle_text(raw, limit)
+                return closed_by_client(msg)
+            err = await self.session.handle_text(message_text(msg), limit)
             if err is not None:
                 await self.send(err)
 

@@ -340,3 +340,22 @@ def test_a_close_frame_is_a_remote_hangup_and_the_hangup_route_a_close_request()
         path = "/v1/live/sessions/sess_none/hangup"
         assert srv.post_json(path, {}, bearer("sk-test"))[0] == 404
         assert srv.app.state.live == {} and not srv.gw.sessions
+
+
+def test_a_message_over_the_limit_is_refused_on_the_connection_and_its_sideband() -> None:
+    """`LiveCall.handle` holds every Live message (the WebSocket's, a sideband's, WebRTC's data
+    channel's) to `max_message_bytes`."""
+    with gateway_server(max_message_bytes=4096) as srv, srv.websocket("/v1/live/sessions") as ws:
+        ws.send(json.dumps({"type": "session.start", "session": START}))
+        sid = recv_json(ws)["session"]["id"]
+        big = json.dumps({"type": "session.instructions.append", "text": "x" * 5000})
+        ws.send(big)
+        while (ev := recv_json(ws))["type"] != "error":
+            pass
+        assert ev["error"]["code"] == "too_large"
+        with srv.websocket(f"/v1/live/sessions/{sid}/attach") as side:
+            assert recv_json(side)["type"] == "session.updated"
+            side.send(big)
+            while (ev := recv_json(side))["type"] != "error":
+                pass
+            assert ev["error"]["code"] == "too_large"
