@@ -78,6 +78,16 @@ class _Fields:
             self.refused.append(e)
             return _MISSING
 
+    def each(
+        self, v: dict[str, Any], keys: tuple[str, ...], parse: Callable[..., Any], param: str
+    ) -> dict[str, Any]:
+        """Those of `keys` that `v` has and `parse(v, key, param)` takes, by key."""
+        out = {}
+        for key in keys:
+            if key in v and (x := self.take(partial(parse, v, key, param))) is not _MISSING:
+                out[key] = x
+        return out
+
 
 _MISSING = object()
 # The fields whose null is a setting (off); any other field's null leaves it as it is.
@@ -95,6 +105,10 @@ NULL_MEANS_OFF = frozenset(
 
 def _int_field(v: dict[str, Any], key: str, param: str) -> int:
     return int(_number(v[key], f"{param}.{key}", 0, 10000))
+
+
+def _optional_int_field(v: dict[str, Any], key: str, param: str) -> int | None:
+    return None if v[key] is None else _int_field(v, key, param)
 
 
 def _flag_field(v: dict[str, Any], key: str, param: str) -> bool:
@@ -131,39 +145,20 @@ def parse_turn_detection(
         vad = replace(vad, silence_duration_ms=EAGERNESS_SILENCE_MS[eagerness])
     elif td.eagerness is not None:  # back from semantic_vad: its own default silence again
         vad = replace(vad, silence_duration_ms=VadParams().silence_duration_ms)
-    changes: dict[str, Any] = {}
     if "threshold" in v:
         x = f.take(lambda: _number(v["threshold"], f"{param}.threshold", 0, 1))
         if x is not _MISSING:
             vad = replace(vad, threshold=x)
-    for key in ("prefix_padding_ms", "silence_duration_ms"):
-        if key in v and (kind == "server_vad" or key == "prefix_padding_ms"):
-            x = f.take(partial(_int_field, v, key, param))
-            if x is not _MISSING:
-                vad = replace(vad, **{key: x})
-    for key in ("min_interruption_ms", "resume_after_ms"):
-        if key in v:
-            x = f.take(partial(_int_field, v, key, param))
-            if x is not _MISSING:
-                turns = replace(turns, **{key: x})
-    if "preemptive_ms" in v:
-        x = (
-            None
-            if v["preemptive_ms"] is None
-            else f.take(partial(_int_field, v, "preemptive_ms", param))
-        )
-        if x is not _MISSING:
-            turns = replace(turns, preemptive_ms=x)
-    for key in ("echo_gate", "echo_gate_aec", "prefill_while_speaking"):
-        if key in v:
-            x = f.take(partial(_flag_field, v, key, param))
-            if x is not _MISSING:
-                turns = replace(turns, **{key: x})
-    for key in ("create_response", "interrupt_response"):
-        if key in v:
-            x = f.take(partial(_flag_field, v, key, param))
-            if x is not _MISSING:
-                changes[key] = x
+    # semantic_vad's silence is its eagerness'
+    silences = ("silence_duration_ms",) if kind == "server_vad" else ()
+    vad = replace(vad, **f.each(v, ("prefix_padding_ms", *silences), _int_field, param))
+    turns = replace(
+        turns,
+        **f.each(v, ("min_interruption_ms", "resume_after_ms"), _int_field, param),
+        **f.each(v, ("preemptive_ms",), _optional_int_field, param),
+        **f.each(v, ("echo_gate", "echo_gate_aec", "prefill_while_speaking"), _flag_field, param),
+    )
+    changes = f.each(v, ("create_response", "interrupt_response"), _flag_field, param)
     if "idle_timeout_ms" in v:
         x = v["idle_timeout_ms"]
         if x is not None:
