@@ -50,10 +50,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from turns import speaking_config  # noqa: E402  (benchmarks/turns.py)
 
 from realtime_omni.clients.webrtc import Caller, http  # noqa: E402
 from realtime_omni.gateway.media.audio import resample  # noqa: E402
@@ -179,14 +180,6 @@ def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-def speaking_config(tmp: Path) -> Path:
-    cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
-    cfg["stages"]["code2wav"]["params"]["speech_text"] = BOT_SPEECH
-    path = tmp / "speaking.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def browser_row(url: str, rounds: int, detail: dict[str, Any]) -> dict[str, Any]:
     """The demo page in Chromium speaks the complete questions `rounds` times; its row."""
     from turn_latency_browser import browser_call
@@ -226,7 +219,7 @@ def main() -> None:
     rows, detail = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "realtime_omni.cli", "serve", "--port", str(args.port),
-               "--config", str(speaking_config(Path(tmp)))]  # fmt: skip
+               "--config", str(speaking_config(Path(tmp), None, BOT_SPEECH))]  # fmt: skip
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         try:

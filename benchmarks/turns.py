@@ -246,9 +246,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def speaking_config(tmp: Path, smart_turn: Path | None) -> Path:
+def speaking_config(tmp: Path, smart_turn: Path | None, speech: str = BOT_SPEECH) -> Path:
+    """The simulated config, its vocoder saying `speech` (and Smart Turn from `smart_turn`)."""
     cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
-    cfg["stages"]["code2wav"]["params"]["speech_text"] = BOT_SPEECH
+    cfg["stages"]["code2wav"]["params"]["speech_text"] = speech
     if smart_turn is not None:
         cfg["realtime"] = {"smart_turn_dir": str(smart_turn)}
     path = tmp / "speaking.yaml"
