@@ -258,6 +258,7 @@ async def _stats(request: Request) -> Response:
         {
             "sessions": len(gw.sessions),
             "sessions_waiting_resume": len(gw.resumes.parked),
+            "sessions_ending": gw.resumes.ending,
             "in_flight": gw.coord.in_flight,
             "free_slots": free,
             "total_slots": total,

@@ -208,6 +208,12 @@ class Resumes:
     def parked(self) -> list[Link]:
         return [link for link in self.links.values() if not link.attached]
 
+    @property
+    def ending(self) -> int:
+        """Sessions `end` let go of whose release (the abort of what ran, then `forget`) has
+        not finished: no longer counted against the limits, not yet gone."""
+        return len(self._ending)
+
     def hold(self, session: Session, owner: str) -> Link | None:
         """Make a new session resumable, attached to the connection that made it."""
         if self.window_s <= 0:
