@@ -68,6 +68,10 @@ class Exporter:
             "rto_kv_evictions", "Kept sessions evicted for room since the stage processes started",
             ["stage"], registry=r,
         )  # fmt: skip
+        self.kv_preempted = Gauge(
+            "rto_kv_preemptions", "Requests that gave their KV blocks back for an older one's "
+            "decode (recomputed later) since the stage processes started", ["stage"], registry=r,
+        )  # fmt: skip
         self.restarts = Gauge(
             "rto_process_restarts", "Restarts of a stage process", ["process"], registry=r
         )
@@ -98,7 +102,8 @@ class Exporter:
                 for edge, n in counts.items():
                     queued[edge, side] = queued.get((edge, side), 0) + n
             for stage, counts in st.kv.items():
-                kv[stage] = [a + b for a, b in zip(kv.get(stage, [0, 0, 0]), counts, strict=True)]
+                sums = kv.get(stage, [0] * len(counts))
+                kv[stage] = [a + b for a, b in zip(sums, counts, strict=True)]
             for stage, log in st.steps.items():
                 sizes = st.batches.get(stage, [])
                 cpu = st.step_cpu.get(stage, [])
@@ -122,10 +127,11 @@ class Exporter:
             self.slots.labels(edge).set(n)
         for (edge, side), n in queued.items():
             self.queued.labels(edge, side).set(n)
-        for stage, (in_use, total, evicted) in kv.items():
+        for stage, (in_use, total, evicted, preempted) in kv.items():
             self.kv_used.labels(stage).set(in_use)
             self.kv_total.labels(stage).set(total)
             self.kv_evicted.labels(stage).set(evicted)
+            self.kv_preempted.labels(stage).set(preempted)
         for process, epoch in coord.epochs.items():
             self.restarts.labels(process).set(epoch)
         calls = webrtc.stats()

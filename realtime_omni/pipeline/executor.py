@@ -18,6 +18,10 @@ Emitted arrays are handed over, not copied at once: a stage in the same process 
 objects, and a payload waiting for credit is read when it is sent. Do not write into an array or
 tensor after emitting it; emit a fresh one (or a copy) instead of reusing a buffer.
 An `Emit` with `done=True` is the request's last here: its streams close and its state is gone.
+An `Emit` with `error` fails that request alone (the executor has dropped it already), beside
+the other requests' outputs of the same step: the way to refuse one request mid-step (its KV
+blocks, its prefill chunk raising). Raising from `step` fails the `ExecutorError`'s request, or,
+for any other exception, every request the stage holds.
 
 Optional: `hold(rid, held)`. While a request is held (its outputs wait for credit downstream,
 e.g. a listener who is far behind), `has_work` and `step` must ignore it; the runtime lifts the
@@ -41,9 +45,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from realtime_omni.errors import ConfigError
+
+if TYPE_CHECKING:
+    from realtime_omni.pipeline.config import PipelineConfig
 
 Payload = dict[str, Any]
 
@@ -54,6 +61,7 @@ class Emit:
     data: Payload | None = None  # None: nothing to send (e.g. only `done`)
     to: str | None = None  # a downstream stage (or "client"); None: every downstream edge
     done: bool = False
+    error: str | None = None  # the request failed here, and why (the executor dropped it)
 
 
 @dataclass
@@ -68,6 +76,9 @@ class StageContext:
     upstream: list[str] = field(default_factory=list)
     max_batch: int = 32  # requests one step serves together at most (the stage's `max_batch`)
     max_prefill_tokens_per_step: int = 512  # prompt tokens one step prefills at most
+    # The whole config, for an executor that sizes what it holds with the stages beside it (a
+    # KV pool sharing its GPU: `cache.pool_blocks`); None where an executor runs on its own.
+    pipeline: PipelineConfig | None = None
 
 
 class Executor(Protocol):
@@ -107,9 +118,10 @@ class Shares(Protocol):
 
 @runtime_checkable
 class ReportsKv(Protocol):
-    """An executor that keeps a KV pool and says how full: blocks in use, blocks, evictions."""
+    """An executor that keeps a KV pool and says how full: blocks in use, blocks, kept sessions
+    evicted, requests preempted (each since it started)."""
 
-    def kv_stats(self) -> tuple[int, int, int]: ...
+    def kv_stats(self) -> tuple[int, int, int, int]: ...
 
 
 class HoldsRequests:

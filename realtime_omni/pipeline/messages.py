@@ -171,7 +171,7 @@ class Stats(_Message):
     # the step's own): less than its duration by the time the process waited for a core.
     step_cpu: dict[str, list[float]] = msgspec.field(default_factory=dict)
     # stage -> its KV pool: (blocks in use, blocks in all, kept sessions evicted since start)
-    kv: dict[str, tuple[int, int, int]] = msgspec.field(default_factory=dict)
+    kv: dict[str, tuple[int, int, int, int]] = msgspec.field(default_factory=dict)
     # "src->dst" -> messages waiting: received, not yet taken by the stage (`queued_in`), and
     # emitted, not yet sent for want of credit (`queued_out`)
     queued_in: dict[str, int] = msgspec.field(default_factory=dict)

@@ -133,11 +133,18 @@ class Stage:
         self.aborted_in_step = self._abort_after_step
         self._abort_after_step = set()
         if error is not None:
-            culprit = error.request_id if isinstance(error, ExecutorError) else None
-            victims = [culprit] if culprit in self.started else sorted(self.started)
+            if isinstance(error, ExecutorError):  # one request's: fail it if it still runs
+                victims = [error.request_id] if error.request_id in self.started else []
+            else:
+                victims = sorted(self.started)
             for r in victims:
                 self.fail(r, _describe(error))
             return []
+        for e in emits:
+            if e.error is not None and e.request_id in self.started:
+                self.started.discard(e.request_id)  # the executor dropped it already
+                self.failures.append((e.request_id, e.error))
+                self.abort(e.request_id)
         return [e for e in emits if e.request_id not in self.closed]
 
     def set_held(self, rids: set[str]) -> None:

@@ -26,8 +26,13 @@ class InProcess:
     earliest time a stage asked to be woken at: what runs in which step does not depend on how
     fast this machine steps."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], expect_failures: bool = False) -> None:
+        """A request failing in a stage raises AssertionError, unless `expect_failures`: then
+        it is aborted everywhere, as the coordinator does, and named in `failed` with why, and
+        the step's outputs for the others go on."""
         self.now = 0.0
+        self.expect_failures = expect_failures
+        self.failed: dict[str, str] = {}
         cfg = parse_config(config)
         self.graph = Graph(cfg)
         self.stages: dict[str, Stage] = {}
@@ -92,8 +97,12 @@ class InProcess:
 
     def _step(self, stage: Stage) -> list[Emit]:
         emits = stage.step()
-        if stage.failures:
+        if stage.failures and not self.expect_failures:
             raise AssertionError(f"{stage.name}: {stage.failures}")
+        for rid, why in stage.failures:
+            self.failed[rid] = why
+            self.abort(rid)
+        stage.failures.clear()
         self.batches[stage.name].append(len({e.request_id for e in emits}))
         return emits
 

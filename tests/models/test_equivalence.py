@@ -113,7 +113,7 @@ def test_concurrent_requests_match_each_alone(pipeline: Any) -> None:
         log = zip(after[process].steps[stage], after[process].batches[stage], strict=True)
         new = [n for (start, _), n in log if start not in known]
         assert max(new) >= 2, (stage, new)  # a step served two or three of them at once
-        in_use, blocks, evicted = after[process].kv[stage]
+        in_use, blocks, evicted, _ = after[process].kv[stage]
         assert in_use == 0 and blocks > 0 and evicted == 0
     for x, y in zip(alone, both, strict=True):
         assert x["text_ids"] == y["text_ids"] and len(x["text_ids"]) > 0

@@ -6,9 +6,11 @@ a row (`alloc`, the lowest free one: rows are bookkeeping, a list of blocks and 
 cost no memory) and gives it back (`free`). A row's tokens `[0, len)` live in its blocks in
 order; `reserve(row, total)` takes blocks from the pool until the row can hold `total` tokens,
 first asking `reclaim` (the kept sessions' least recently used) to give blocks back when the
-pool is empty, and says False when even that is not enough: the caller refuses that request.
-Memory held is the blocks in use, at most `block_tokens - 1` slots per row more than its
-tokens; on a CPU the pool is allocated with `torch.empty`, so pages never written are never
+pool is empty, and says False when even that is not enough: the caller then preempts a newer
+request (see `KeptSessions.fits` for admission). Memory held is the blocks in use, at most
+`block_tokens - 1` slots per row more than its tokens, plus `charged` blocks' worth of memory
+held outside the pool on its account (the kept sessions' tensors), which `reserve` leaves
+alone; on a CPU the pool is allocated with `torch.empty`, so pages never written are never
 committed either.
 
 A forward runs through a window of the cache, which the transformers attention layers call
@@ -79,6 +81,7 @@ class BlockCache:
         self._free_rows = list(range(rows))
         self._free_blocks = list(range(blocks - 1, -1, -1))  # a stack: the lowest first
         self.reclaim: Callable[[], bool] | None = None  # frees some blocks; False: none left
+        self.charged = 0  # blocks' worth of memory held outside the pool on its account
 
     @classmethod
     def for_text_model(
@@ -108,11 +111,18 @@ class BlockCache:
     def blocks_in_use(self) -> int:
         return self.blocks - len(self._free_blocks)
 
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_tokens)
+
+    def free_blocks(self) -> int:
+        """Blocks `reserve` may take without reclaiming (what is charged counts as taken)."""
+        return len(self._free_blocks) - self.charged
+
     def reserve(self, row: int, total: int) -> bool:
         """Blocks for `row` to hold `total` tokens; False (nothing taken) if the pool, after
         `reclaim`, cannot give them."""
-        need = math.ceil(total / self.block_tokens) - len(self.table[row])
-        while need > len(self._free_blocks):
+        need = self.blocks_for(total) - len(self.table[row])
+        while need > self.free_blocks():
             if self.reclaim is None or not self.reclaim():
                 return False
         if need > 0:
@@ -129,16 +139,11 @@ class BlockCache:
         self._slots[row] = self._slots[row][: keep * self.block_tokens]
         self.lens[row] = min(self.lens[row], tokens)
 
-    def full_message(self, stage: str) -> str:
-        """What a request the pool cannot hold is told: the pool's state and the params."""
-        return (
-            f"{stage}: KV cache full ({self.blocks_in_use()} of {self.blocks} blocks of "
-            f"{self.block_tokens} tokens held by running requests); raise the stage's "
-            "kv_cache_tokens or kv_cache_gib, or lower max_batch"
-        )
-
     def bytes_held(self) -> int:
-        return self.blocks_in_use() * self.block_tokens * self.bytes_per_token
+        return (self.blocks_in_use() + self.charged) * self.block_bytes()
+
+    def block_bytes(self) -> int:
+        return self.block_tokens * self.bytes_per_token
 
     def _block_slots(self, blocks: list[int]) -> torch.Tensor:
         base = torch.tensor(blocks, dtype=torch.long, device=self.k[0].device)
@@ -306,10 +311,15 @@ def pool_blocks(
     dtype: torch.dtype,
     device: torch.device,
     stage: str,
+    pipeline: Any = None,
 ) -> int:
     """The size of a stage's KV pool in blocks, from its params: `kv_cache_tokens`, else
-    `kv_cache_gib`, else on CUDA `kv_cache_memory_fraction` (default 0.85) of the memory free
-    once the weights are loaded, and on a CPU 1 GiB (`DEFAULT_CPU_GIB`)."""
+    `kv_cache_gib`, else on CUDA the pool the memory plan gives it on this card
+    (`memory_plan.pool_bytes` of `pipeline`, the whole `PipelineConfig`: the card's memory less
+    what every stage on the device holds and steps with and a reserve, divided between the unset
+    pools there; the same figure `realtime-omni check --gpu-memory` prints), and on a CPU 1 GiB
+    (`DEFAULT_CPU_GIB`). On CUDA without `pipeline`, `kv_cache_memory_fraction` (default 0.85)
+    of the memory free once the weights are loaded: a stage alone on its GPU only."""
     kv_heads, head_dim = text_kv_shape(config)
     per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * dtype.itemsize
     per_block = per_token * BLOCK_TOKENS
@@ -320,6 +330,10 @@ def pool_blocks(
         return tokens // BLOCK_TOKENS
     if "kv_cache_gib" in params:
         nbytes = float(params["kv_cache_gib"]) * 2**30
+    elif device.type == "cuda" and pipeline is not None:
+        from realtime_omni.models.qwen3_omni.memory_plan import pool_bytes
+
+        nbytes = pool_bytes(pipeline, stage, torch.cuda.mem_get_info(device)[1])
     elif device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         nbytes = free * float(params.get("kv_cache_memory_fraction", 0.85))
@@ -332,6 +346,31 @@ def pool_blocks(
 
 
 DEFAULT_CPU_GIB = 1.0
+
+
+def admission(
+    sessions: KeptSessions, stage: str, tokens: int, waited_s: float, timeout_s: float
+) -> str:
+    """Whether a waiting request that needs `tokens` token slots (its prompt and a decode
+    margin) starts now: "admit" (a row, and blocks from the free ones and those evicting kept
+    sessions would give back), "wait", or why it is refused: it could never fit, or it has
+    waited `timeout_s`."""
+    cache = sessions.cache
+    if cache.blocks_for(tokens) > cache.blocks:
+        return (
+            f"{stage}: the prompt and its decode margin need {tokens} tokens of KV cache, more "
+            f"than the whole pool ({cache.blocks} blocks of {cache.block_tokens} tokens); raise "
+            "the stage's kv_cache_tokens or kv_cache_gib, or shorten the conversation"
+        )
+    if sessions.row_available() and sessions.fits(tokens):
+        return "admit"
+    if waited_s >= timeout_s:
+        return (
+            f"{stage}: waited {waited_s:.1f} s for KV cache blocks ({tokens} tokens) while "
+            f"{cache.blocks_in_use()} of {cache.blocks} blocks ran other answers; raise the "
+            "stage's kv_cache_tokens or admit_timeout_s, or lower max_batch"
+        )
+    return "wait"
 
 
 class KeptSessions:
@@ -352,6 +391,7 @@ class KeptSessions:
         self.max_tokens = max_tokens
         self.evictions = 0
         self._kept: OrderedDict[str, tuple[int, torch.Tensor, Any]] = OrderedDict()
+        self._charged: dict[str, int] = {}  # per session: blocks' worth of its kept tensors
         cache.reclaim = self.evict_oldest
 
     def __len__(self) -> int:
@@ -364,15 +404,24 @@ class KeptSessions:
         return iter(self._kept)
 
     def keep(self, session: str, row: int, inputs: torch.Tensor, extra: Any = None) -> None:
+        """Keep `row` for `session`'s next turn. Its tensors are charged to the pool (as
+        blocks' worth of memory), and sessions are evicted, oldest first, until the pool is
+        within its blocks and `max_tokens` again."""
         if session in self._kept:  # an older turn of it
-            self.cache.free(self._kept.pop(session)[0])
+            self.cache.free(self._pop(session)[0])
         self.cache.truncate(row, self.cache.lens[row])  # blocks reserved ahead go back
         self._kept[session] = (row, inputs, extra)
-        while self._kept and sum(len(k[1]) for k in self._kept.values()) > self.max_tokens:
+        nbytes = sum(t.numel() * t.element_size() for t in _tensors((inputs, extra)))
+        self._charged[session] = math.ceil(nbytes / self.cache.block_bytes())
+        self.cache.charged += self._charged[session]
+        while self._kept and (
+            sum(len(k[1]) for k in self._kept.values()) > self.max_tokens
+            or self.cache.free_blocks() < 0
+        ):
             self.evict_oldest()
 
     def take(self, session: str | None, inputs: torch.Tensor) -> tuple[int | None, int, Any]:
-        kept = self._kept.pop(session, None) if session is not None else None
+        kept = self._pop(session) if session in self._kept else None
         if kept is None:
             return None, 0, None
         row, old, extra = kept
@@ -396,9 +445,33 @@ class KeptSessions:
             return True
         return self.evict_oldest()
 
+    def blocks_held(self) -> int:
+        """What evicting every kept session would give back: their blocks and their charge."""
+        return sum(len(self.cache.table[row]) for row, _, _ in self._kept.values()) + sum(
+            self._charged.values()
+        )
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a new request's `tokens` can have their blocks now, evicting kept sessions
+        if need be (counted, nothing evicted: `reserve` evicts only as much as it takes)."""
+        return self.cache.blocks_for(tokens) <= self.cache.free_blocks() + self.blocks_held()
+
     def evict_oldest(self) -> bool:
         if not self._kept:
             return False
-        self.cache.free(self._kept.popitem(last=False)[1][0])
+        self.cache.free(self._pop(next(iter(self._kept)))[0])
         self.evictions += 1
         return True
+
+    def _pop(self, session: str | None) -> tuple[int, torch.Tensor, Any]:
+        self.cache.charged -= self._charged.pop(session, 0)  # type: ignore[arg-type]
+        return self._kept.pop(session)  # type: ignore[arg-type]
+
+
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
+    """The tensors in nested tuples and lists."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, tuple | list):
+        for y in x:
+            yield from _tensors(y)

@@ -29,12 +29,20 @@ rows behind when it ends, as in the thinker. The talker's prompt is the conversa
 turns and an assistant head (its earlier speech is not in it), so the next turn continues the
 row after the longest common prefix of the two prompts' input rows, the earlier user turns, and
 prefills the rest; bounded by `params.session_cache_tokens` (default 65,536), by the rows and
-by the KV pool's blocks (`params.kv_cache_tokens` or `kv_cache_gib`, as the thinker's: a request
-the pool cannot hold, with every kept session evicted, fails saying so).
+by the KV pool's blocks (`params.kv_cache_tokens` or `kv_cache_gib`, as the thinker's).
+
+Under pressure, as in the thinker (thinker.py): a request's prompt is prefilled only once it and
+`params.admit_margin_tokens` (default 128) fit, in arrival order, waiting `admit_timeout_s`
+(default 20) at most; one that could never fit fails at once, evicting nothing. When a frame
+finds no block, the newest request holding blocks gives them back and is recomputed later: its
+prompt and every frame's input so far (`_Request.inputs`) prefilled again, its repetition
+penalty's codes kept, and it goes on from its last frame. A prefill that raises fails its
+request alone (an `Emit` with `error`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +50,12 @@ from typing import Any
 import torch
 
 from realtime_omni.errors import ExecutorError
-from realtime_omni.models.qwen3_omni.cache import BlockCache, KeptSessions, pool_blocks
+from realtime_omni.models.qwen3_omni.cache import (
+    BlockCache,
+    KeptSessions,
+    admission,
+    pool_blocks,
+)
 from realtime_omni.models.qwen3_omni.code_predictor import CodePredictorLoop
 from realtime_omni.models.qwen3_omni.prompt import mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import BatchPicker, Sampler, checkpoint_defaults
@@ -88,6 +101,15 @@ class _Request:
     next_pos: torch.Tensor | None = None
     code0s: list[int] = field(default_factory=list)
     frame: torch.Tensor | None = None  # the previous frame's 16 codes
+    # Every talker input so far, [1, k, D] each (the prompt, then a row per frame), from the
+    # prompt's building on, with the prompt's positions: what a recompute prefills again.
+    inputs: list[torch.Tensor] | None = None
+    prompt_pos: torch.Tensor | None = None
+    first_time: float = 0.0  # the token_time of the first frame (the prompt's token)
+    seq: int = 0  # arrival order: admission and preemption go by it (the newest pays)
+    arrived: float = 0.0  # when it came or was preempted (`clock`)
+    resume_pos: torch.Tensor | None = None  # preempted: its next position
+    seen: torch.Tensor | None = None  # preempted: its row of `TalkerExecutor.seen`
 
 
 class TalkerExecutor(HoldsRequests):
@@ -136,8 +158,12 @@ class TalkerExecutor(HoldsRequests):
         self.seen = torch.zeros(ctx.max_batch, vocab, dtype=torch.bool, device=self.device)
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
+        self.admit_margin = int(p.get("admit_margin_tokens", 128))
+        self.admit_timeout_s = float(p.get("admit_timeout_s", 20.0))
+        self.clock = time.monotonic
         self.reqs: dict[str, _Request] = {}
-        self.refused: dict[str, str] = {}  # requests the KV pool could not take, and why
+        self.arrivals = 0
+        self.preemptions = 0  # requests that gave their blocks back for an older one's frame
 
     # ---- executor contract ---------------------------------------------------------------
 
@@ -175,7 +201,10 @@ class TalkerExecutor(HoldsRequests):
             repetition_penalty=float(merged.get("talker_repetition_penalty", self.default_penalty)),
             max_steps=int(merged.get("talker_max_tokens", self.default_max_steps)),
             session=str(merged["session_id"]) if merged.get("session_id") else None,
+            seq=self.arrivals,
+            arrived=self.clock(),
         )
+        self.arrivals += 1
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
         r = self.reqs[request_id]
@@ -191,55 +220,86 @@ class TalkerExecutor(HoldsRequests):
         self.reqs[request_id].thinker_done = True
 
     def has_work(self) -> bool:
-        """Some request is ready and has a cache row, or could take a free one."""
-        if self.refused:
+        """Some request is ready and has a cache row, or the first waiting one can be admitted
+        or refused (its prompt is built first when a row is free); one waiting for blocks
+        makes no work (`wake_in` says when its wait runs out)."""
+        ready = [r for r in self.running().values() if self._ready(r)]
+        if any(r.row is not None or (r.inputs is None and not r.tokens) for r in ready):
             return True
-        free = self.sessions.row_available()
-        return any(
-            self._ready(r) and (r.row is not None or free or not r.tokens)
-            for r in self.running().values()
-        )
+        if not ready:
+            return False
+        head = min(ready, key=lambda r: r.seq)
+        if head.inputs is None:
+            return self.sessions.row_available()
+        return self._admission(head) != "wait"
+
+    def wake_in(self) -> float | None:
+        """Seconds until the wait of the first request waiting for blocks runs out, else
+        None."""
+        waiting = [r for r in self.running().values() if r.row is None and r.inputs is not None]
+        if not waiting:
+            return None
+        head = min(waiting, key=lambda r: r.seq)
+        if self._admission(head) != "wait":
+            return None
+        return max(0.0, head.arrived + self.admit_timeout_s - self.clock())
 
     def step(self) -> list[Emit]:
-        """One frame for every request whose next text step is available. A request the KV
-        pool had no blocks for is failed in the next step, before any forward."""
-        if self.refused:
-            rid, why = self.refused.popitem()
-            raise ExecutorError(rid, why)
+        """One frame for every request whose next text step is available: new prompts (and
+        preempted requests) prefilled in arrival order as they fit, then one talker forward for
+        the others, oldest first to their blocks (the newest preempted when there are none)."""
         emits: list[Emit] = []
-        ready = [rid for rid, r in self.running().items() if self._ready(r)][: self.max_batch]
+        running = self.running()
+        ready = sorted((rid for rid, r in running.items() if self._ready(r)), key=self._seq)
+        ready = ready[: self.max_batch]
         picked: list[tuple[str, torch.Tensor, float]] = []  # (rid, code 0 logits, token_time)
         hidden: list[torch.Tensor] = []  # the talker's last hidden state of each, [1, 1, D]
         budget = self.prefill_budget
         for rid in ready:
             r = self.reqs[rid]
-            if not r.tokens and r.spoken == 0:  # the thinker ended before its first token
+            if r.row is not None:
+                continue
+            if r.inputs is None and not r.tokens:  # the thinker ended before its first token
                 self.abort(rid)
                 emits.append(Emit(rid, done=True))
-            elif r.row is None and budget > 0 and self.sessions.make_room(r.session):
+                continue
+            if budget <= 0 or not self.sessions.row_available():
+                break  # first come, first served: later prompts wait their turn
+            if r.inputs is None:
                 tok = r.tokens.popleft()
                 if tok.last:  # a one-token answer: its end-of-text row comes next, as always
                     r.tokens.appendleft(tok)
-                embeds, pos = self._prefill_inputs(r, tok)
-                shared = self._continue_session(r, embeds[0])
-                assert r.row is not None  # `_continue_session` gave it one
-                if not self.cache.reserve(r.row, embeds.shape[1]):
-                    self._refuse(rid)
-                    continue
-                budget -= embeds.shape[1] - shared
-                window = self.cache.prefill(r.row, embeds.shape[1] - shared)
-                out = self._forward(embeds[:, shared:], pos[..., shared:], window)
-                r.next_pos = pos[..., -1:] + 1
-                picked.append((rid, out.logits[0, -1], tok.token_time))
+                embeds, r.prompt_pos = self._prefill_inputs(r, tok)
+                r.inputs, r.first_time = [embeds], tok.token_time
+            verdict = self._admission(r)
+            if verdict == "wait":
+                break
+            if verdict != "admit":
+                self._drop(rid)
+                emits.append(Emit(rid, error=verdict))
+                continue
+            try:
+                out, n = self._prefill(r)
+            except Exception as e:  # this request's alone (a CUDA out-of-memory, say)
+                self._drop(rid)
+                emits.append(Emit(rid, error=f"talker: prefill failed: {type(e).__name__}: {e}"))
+                continue
+            budget -= n
+            if out is not None:  # its first frame's code 0 comes from the prompt's last row
+                picked.append((rid, out.logits[0, -1], r.first_time))
                 hidden.append(out.hidden_states[0][-1][:, -1:])
-        decoding = [rid for rid in ready if rid in self.reqs and self.reqs[rid].row is not None]
-        decoding = [rid for rid in decoding if rid not in {p[0] for p in picked}]
+        firsts = {p[0] for p in picked}
+        decoding = [
+            rid
+            for rid in ready
+            if rid in self.reqs and rid not in firsts and self.reqs[rid].row is not None
+        ]
+        decoding = [rid for rid in decoding if self._ready(self.reqs[rid])]
         for rid in decoding:
-            row = self.reqs[rid].row
-            assert row is not None  # `decoding` holds prefilled requests only
-            if not self.cache.reserve(row, self.cache.lens[row] + 1):
-                self._refuse(rid)
-        decoding = [rid for rid in decoding if rid in self.reqs]
+            r = self.reqs[rid]
+            while r.row is not None and not self.cache.reserve(r.row, self.cache.lens[r.row] + 1):
+                self._preempt(max(self._holding(), key=self._seq))  # the newest pays
+        decoding = [rid for rid in decoding if self.reqs[rid].row is not None]
         if decoding:
             for rid, logits, h, t in self._decode(decoding):
                 picked.append((rid, logits, t))
@@ -263,9 +323,11 @@ class TalkerExecutor(HoldsRequests):
             emits.append(Emit(rid, data))
         return emits
 
-    def kv_stats(self) -> tuple[int, int, int]:
-        """The KV pool: blocks in use, blocks in all, kept sessions evicted so far."""
-        return self.cache.blocks_in_use(), self.cache.blocks, self.sessions.evictions
+    def kv_stats(self) -> tuple[int, int, int, int]:
+        """The KV pool: blocks in use, blocks in all, kept sessions evicted and requests
+        preempted so far."""
+        cache = self.cache
+        return cache.blocks_in_use(), cache.blocks, self.sessions.evictions, self.preemptions
 
     def abort(self, request_id: str) -> None:
         """Drop the request; a session's turn leaves its cache row for the next turn."""
@@ -277,18 +339,76 @@ class TalkerExecutor(HoldsRequests):
             return
         self.sessions.keep(r.session, r.row, r.prompt)
 
-    def _refuse(self, rid: str) -> None:
-        """Drop a request the KV pool cannot hold, even with every kept session evicted."""
+    # ---- admission and preemption ----------------------------------------------------------
+
+    def _seq(self, rid: str) -> int:
+        return self.reqs[rid].seq
+
+    def _holding(self) -> list[str]:
+        return [rid for rid, r in self.reqs.items() if r.row is not None]
+
+    def _admission(self, r: _Request) -> str:
+        """ "admit", "wait", or why it is refused (`cache.admission`): its inputs so far and a
+        margin of frames."""
+        assert r.inputs is not None
+        margin = max(0, min(self.admit_margin, r.max_steps - r.spoken))
+        tokens = sum(x.shape[1] for x in r.inputs) + margin
+        waited_s = self.clock() - r.arrived
+        return admission(self.sessions, "talker", tokens, waited_s, self.admit_timeout_s)
+
+    def _preempt(self, rid: str) -> None:
+        """Take `rid`'s row and blocks back; it is prefilled again once admitted."""
+        r = self.reqs[rid]
+        assert r.row is not None and r.next_pos is not None
+        r.seen = self.seen[r.row].clone()
+        self.cache.free(r.row)
+        r.row = None
+        r.resume_pos, r.next_pos = r.next_pos, None
+        r.arrived = self.clock()  # its wait for blocks starts again
+        self.preemptions += 1
+
+    def _drop(self, rid: str) -> None:
         r = self.reqs.pop(rid)
         if r.row is not None:
             self.cache.free(r.row)
-        self.refused[rid] = self.cache.full_message("talker")
+
+    def _prefill(self, r: _Request) -> tuple[Any, int]:
+        """Prefill an admitted request's inputs into a row: its prompt (continuing its
+        session's kept row), giving the output its first code 0 is picked from; or, preempted,
+        everything it had (no output: it goes on from its last frame). And the rows computed."""
+        assert r.inputs is not None and r.prompt_pos is not None
+        embeds = torch.cat(r.inputs, dim=1)
+        pos = r.prompt_pos
+        if r.resume_pos is None:
+            shared = self._continue_session(r, embeds[0])
+        else:
+            frames = embeds.shape[1] - pos.shape[-1]
+            steps = torch.arange(-frames, 0, device=self.device).view(1, 1, -1)
+            pos = torch.cat([pos, r.resume_pos + steps], dim=-1)
+            shared = 0
+            self.sessions.make_room(None)
+            r.row = self.cache.alloc()
+            assert r.seen is not None
+            self.seen[r.row] = r.seen
+        assert r.row is not None
+        ok = self.cache.reserve(r.row, embeds.shape[1])
+        assert ok, "admitted, so its blocks are there (`KeptSessions.fits`)"
+        window = self.cache.prefill(r.row, embeds.shape[1] - shared)
+        out = self._forward(embeds[:, shared:], pos[..., shared:], window)
+        if r.resume_pos is not None:
+            r.next_pos, r.resume_pos, r.seen = r.resume_pos, None, None
+            return None, embeds.shape[1]
+        r.next_pos = pos[..., -1:] + 1
+        return out, embeds.shape[1] - shared
 
     def _continue_session(self, r: _Request, prompt: torch.Tensor) -> int:
         """Give `r` a cache row: its session's kept one, holding the longest common prefix of
         the two prompts' input rows (at least one row is left to compute), or a fresh one."""
         row, shared, _ = self.sessions.take(r.session, prompt)
-        r.row = row if row is not None else self.cache.alloc()
+        if row is None:
+            self.sessions.make_room(None)  # a kept row given up, when every row is taken
+            row = self.cache.alloc()
+        r.row = row
         self.seen[r.row] = False
         if r.session is not None:
             r.prompt = prompt
@@ -299,6 +419,8 @@ class TalkerExecutor(HoldsRequests):
     @staticmethod
     def _ready(r: _Request) -> bool:
         if r.row is None:
+            if r.inputs is not None:  # its prefill waits for blocks (preempted, or new)
+                return True
             return (bool(r.tokens) and r.prompt_rows is not None) or (
                 r.thinker_done and not r.tokens
             )
@@ -309,6 +431,9 @@ class TalkerExecutor(HoldsRequests):
         reqs = [self.reqs[rid] for rid in rids]
         toks = [r.tokens.popleft() if r.tokens else None for r in reqs]
         x = self._step_inputs(reqs, toks)
+        for i, r in enumerate(reqs):
+            assert r.inputs is not None  # set when its prompt was built
+            r.inputs.append(x[i : i + 1])
         rows = each([r.row for r in reqs])
         pos = torch.cat(each([r.next_pos for r in reqs]), dim=1)
         out = self._forward(x, pos, self.cache.decode(rows))

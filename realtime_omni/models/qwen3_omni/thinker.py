@@ -28,10 +28,26 @@ tokens: a new turn delays the others' next token by one chunk's forward per step
 whole prompt. A request whose prefill ends in a step emits its first token in that step.
 Requests beyond `max_batch` wait for a row. KV memory comes in blocks from one pool
 (`cache.py`; its size `params.kv_cache_tokens` or `kv_cache_gib`, by default a share of the GPU
-memory free after loading, or 1 GiB on a CPU): a request that cannot get the blocks it needs,
-with every kept session evicted, fails with an error that says so. Per-request state (row,
-positions, sampler) lives in `_Request`; the module's own `rope_deltas` is never read or
-written. With `params.decode_interval_ms` (default 0: off; 20 in configs/tiny.yaml), decode
+memory free after loading, or 1 GiB on a CPU). Per-request state (row, positions, sampler) lives
+in `_Request`; the module's own `rope_deltas` is never read or written.
+
+Under pressure (the pool nearly full), no running answer dies for a newcomer's sake:
+- Admission: a waiting request starts its prefill only when its prompt plus a decode margin
+  (`params.admit_margin_tokens`, default 128, at most what it may still generate) fits in the
+  free blocks and those that evicting kept sessions would give back, counted before anything
+  is evicted; then its whole prompt's blocks are taken at once. Requests are admitted in
+  arrival order; one that waits longer than `params.admit_timeout_s` (default 20) fails
+  saying so, and one that could never fit, even in an empty pool, fails at once and evicts
+  nothing.
+- Preemption: when a decode step still finds no block for a row, the newest request holding
+  blocks gives its blocks back (a request in its prefill starts it again later; one already
+  answering is recomputed later: its prompt and the tokens it fed are prefilled again and it
+  goes on where it was, its sampler's state kept, nothing sent twice). The oldest answer is
+  never the one that pays. `preemptions` counts them.
+- Failures: a request refused or whose prefill chunk raises (a CUDA out-of-memory, say) fails
+  alone, as an `Emit` with `error`, beside the others' tokens of the same step.
+
+With `params.decode_interval_ms` (default 0: off; 20 in configs/tiny.yaml), decode
 steps come at most that often while every running request speaks and is past its first two
 tokens and no prompt waits: the talker takes a token per 80 ms frame, and tokens made faster
 only take the cores from the stages after this one (`_paced_until`).
@@ -65,9 +81,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from realtime_omni.errors import ExecutorError
-from realtime_omni.models.qwen3_omni.cache import BlockCache, KeptSessions, pool_blocks
+from realtime_omni.models.qwen3_omni.cache import (
+    BlockCache,
+    KeptSessions,
+    admission,
+    pool_blocks,
+)
 from realtime_omni.models.qwen3_omni.prompt import assistant_start, mrope_positions, user_positions
 from realtime_omni.models.qwen3_omni.sampling import (
     Sampler,
@@ -114,6 +136,9 @@ class _Request:
     next_pos: torch.Tensor | None = None  # [4, 1, 1]: position of the next input token
     tokens: list[int] = field(default_factory=list)
     prompt: _Prompt | None = None  # the prompt's rows once prefilled (for a session to keep)
+    seq: int = 0  # arrival order: admission and preemption go by it (the newest pays)
+    arrived: float = 0.0  # when it came (`clock`): it waits for blocks `admit_timeout_s` at most
+    resume_pos: torch.Tensor | None = None  # preempted while answering: its next position
 
     @property
     def decoding(self) -> bool:
@@ -172,8 +197,11 @@ class ThinkerExecutor(HoldsRequests):
             raise ValueError("thinker: decode_interval_ms >= 0")
         self.clock = time.monotonic
         self.last_decode = float("-inf")  # when the last decode step began (`clock`)
+        self.admit_margin = int(p.get("admit_margin_tokens", 128))
+        self.admit_timeout_s = float(p.get("admit_timeout_s", 20.0))
         self.reqs: dict[str, _Request] = {}
-        self.refused: dict[str, str] = {}  # requests the KV pool could not take, and why
+        self.arrivals = 0
+        self.preemptions = 0  # requests that gave their blocks back for an older one's decode
         self.shares: dict[str, float] = {}  # tokens each request had computed in the last step
 
     # ---- executor contract ---------------------------------------------------------------
@@ -206,7 +234,10 @@ class ThinkerExecutor(HoldsRequests):
             text_only=bool(merged.get("text_only", False)),
             tool_calls=bool(merged.get("tool_calls", False)),
             prefill_only=bool(merged.get("prefill_only", False)),
+            seq=self.arrivals,
+            arrived=self.clock(),
         )
+        self.arrivals += 1
 
     def add_item(self, request_id: str, src: str, item: Payload) -> None:
         raise ExecutorError(request_id, f"thinker: takes no streamed input (got one from {src})")
@@ -215,63 +246,77 @@ class ThinkerExecutor(HoldsRequests):
         pass
 
     def has_work(self) -> bool:
-        """Some running request decodes or prefills; one waiting for a cache row while every
-        row is held makes no work (the loop must not spin on it)."""
-        if self.refused:
-            return True
+        """Some running request decodes or prefills, or the first waiting one can be admitted
+        or refused; one waiting for a row or blocks makes no work (the loop must not spin on
+        it: `wake_in` says when its wait runs out)."""
         running = self.running()
         due = self._paced_until(running)
         if due is not None and self.clock() < due:
             return False
-        free = self.sessions.row_available()
-        return any(r.row is not None or free for r in running.values())
+        if any(r.row is not None for r in running.values()):
+            return True
+        waiting = self._waiting(running)
+        return bool(waiting) and self._admission(waiting[0][1]) != "wait"
 
     def wake_in(self) -> float | None:
-        """Seconds until a paced decode step is due (`_paced_until`), else None."""
-        due = self._paced_until(self.running())
+        """Seconds until a paced decode step is due (`_paced_until`) or the wait of the first
+        request waiting for blocks runs out, else None."""
+        running = self.running()
+        times = [self._paced_until(running)]
+        waiting = self._waiting(running)
+        if waiting and self._admission(waiting[0][1]) == "wait":
+            times.append(waiting[0][1].arrived + self.admit_timeout_s)
+        due = min((t for t in times if t is not None), default=None)
         return None if due is None else max(0.0, due - self.clock())
 
     def step(self) -> list[Emit]:
-        """Decode one token of every running request together, then prefill new prompts.
-        A request the KV pool had no blocks for is failed in the next step, before any forward
-        (raising mid-step would lose the step's tokens of the others)."""
+        """Decode one token of every running request together (oldest first to their blocks,
+        preempting the newest when there are none), then prefill prompts in arrival order,
+        admitting those whose prompt fits (module docstring)."""
         self.shares = {}
-        if self.refused:
-            rid, why = self.refused.popitem()
-            raise ExecutorError(rid, why)
         running = self.running()
-        decoding = [rid for rid, r in running.items() if r.decoding]
+        decoding = sorted((rid for rid, r in running.items() if r.decoding), key=self._seq)
         for rid in decoding:
-            row = running[rid].row
-            if not self.cache.reserve(row, self.cache.lens[row] + 1):
-                self._refuse(rid)
-        decoding = [rid for rid in decoding if rid in self.reqs]
+            r = self.reqs[rid]
+            while r.row is not None and not self.cache.reserve(r.row, self.cache.lens[r.row] + 1):
+                self._preempt(max(self._holding(), key=self._seq))  # the newest pays
+        decoding = [rid for rid in decoding if self.reqs[rid].row is not None]
         if decoding:
             self.last_decode = self.clock()  # its start: a token every interval, however long
         emits = self._decode(decoding) if decoding else []
         self.shares = dict.fromkeys(decoding, 1.0)
         budget = self.prefill_budget
         filling: set[str] = set()  # sessions with a prefill-only request still prefilling
-        for rid, r in list(running.items()):
+        for rid, r in sorted(running.items(), key=lambda kv: kv[1].seq):
             if r.decoding or rid not in self.reqs:
                 continue
             if r.session in filling:
                 continue  # it will keep its row for this one: take it then, not a fresh one
             if r.prefill_only and r.session is not None:
                 filling.add(r.session)
-            if budget <= 0 or (r.row is None and not self.sessions.make_room(r.session)):
-                break  # first come, first served: later prompts wait their turn
+            if budget <= 0:
+                break
             if r.row is None:
-                self._start_prefill(r)
-            assert r.embeds is not None
-            n = min(budget, r.embeds.shape[0] - r.prefilled)
-            assert r.row is not None  # `_start_prefill` gave it one
-            if not self.cache.reserve(r.row, r.prefilled + n):
-                self._refuse(rid)
+                verdict = self._admission(r)
+                if verdict == "wait":
+                    break  # first come, first served: later prompts wait their turn
+                if verdict != "admit":
+                    del self.reqs[rid]
+                    emits.append(Emit(rid, error=verdict))
+                    continue
+            try:
+                if r.row is None:
+                    self._start_prefill(r)
+                assert r.embeds is not None and r.row is not None  # `_start_prefill` set them
+                n = min(budget, r.embeds.shape[0] - r.prefilled)
+                chunk = self._prefill_chunk(rid, r, n)
+            except Exception as e:  # this request's alone (a CUDA out-of-memory, say)
+                self._drop(rid)
+                emits.append(Emit(rid, error=f"thinker: prefill failed: {type(e).__name__}: {e}"))
                 continue
             budget -= n
             self.shares[rid] = float(n)
-            emits += self._prefill_chunk(rid, r, n)
+            emits += chunk
         return emits
 
     def step_shares(self) -> dict[str, float]:
@@ -279,16 +324,56 @@ class ThinkerExecutor(HoldsRequests):
         its tokens): how the step's time divides among them."""
         return self.shares
 
-    def _refuse(self, rid: str) -> None:
-        """Drop a request the KV pool cannot hold, even with every kept session evicted."""
+    # ---- admission and preemption ----------------------------------------------------------
+
+    def _seq(self, rid: str) -> int:
+        return self.reqs[rid].seq
+
+    def _waiting(self, running: dict[str, _Request]) -> list[tuple[str, _Request]]:
+        """Requests without a row, in arrival order."""
+        return sorted(((k, r) for k, r in running.items() if r.row is None), key=lambda x: x[1].seq)
+
+    def _holding(self) -> list[str]:
+        """Requests holding a row and blocks (held ones too)."""
+        return [rid for rid, r in self.reqs.items() if r.row is not None]
+
+    def _tokens_needed(self, r: _Request) -> int:
+        """A waiting request's prompt (and the tokens it fed, when recomputed) plus its margin."""
+        fed = len(r.tokens) - 1 if r.resume_pos is not None else 0
+        margin = 0 if r.prefill_only else min(self.admit_margin, r.max_tokens - len(r.tokens))
+        return int(r.ids.shape[0]) + fed + max(margin, 0)
+
+    def _admission(self, r: _Request) -> str:
+        """ "admit", "wait", or why it is refused (`cache.admission`)."""
+        waited_s = self.clock() - r.arrived
+        return admission(
+            self.sessions, "thinker", self._tokens_needed(r), waited_s, self.admit_timeout_s
+        )
+
+    def _preempt(self, rid: str) -> None:
+        """Take `rid`'s row and blocks back; it waits to be admitted again (module docstring)."""
+        r = self.reqs[rid]
+        assert r.row is not None
+        self.cache.free(r.row)
+        r.row = None
+        self.preemptions += 1
+        r.arrived = self.clock()  # its wait for blocks starts again
+        if r.decoding:  # answering: recomputed later from its prompt and fed tokens
+            r.resume_pos, r.next_pos = r.next_pos, None
+        r.prefilled = r.cached = 0
+        r.embeds = r.pos = None
+        r.hidden = []
+
+    def _drop(self, rid: str) -> None:
         r = self.reqs.pop(rid)
         if r.row is not None:
             self.cache.free(r.row)
-        self.refused[rid] = self.cache.full_message("thinker")
 
-    def kv_stats(self) -> tuple[int, int, int]:
-        """The KV pool: blocks in use, blocks in all, kept sessions evicted so far."""
-        return self.cache.blocks_in_use(), self.cache.blocks, self.sessions.evictions
+    def kv_stats(self) -> tuple[int, int, int, int]:
+        """The KV pool: blocks in use, blocks in all, kept sessions evicted and requests
+        preempted so far."""
+        cache = self.cache
+        return cache.blocks_in_use(), cache.blocks, self.sessions.evictions, self.preemptions
 
     def abort(self, request_id: str) -> None:
         """Drop the request; a session's turn leaves its cache row for the next turn, with
@@ -346,6 +431,16 @@ class ThinkerExecutor(HoldsRequests):
             embeds = embeds.masked_scatter(mask, r.image_embeds.to(embeds.dtype))
         r.embeds = embeds[0]
         r.pos = mrope_positions(self.model, r.ids, r.grid, r.audio_lengths, always=True)
+        if r.resume_pos is not None:  # preempted while answering: its fed tokens follow
+            fed = r.tokens[:-1]
+            r.embeds = torch.cat([r.embeds, self.embed(torch.tensor(fed, device=self.device))])
+            steps = torch.arange(-len(fed), 0, device=self.device).view(1, 1, -1)
+            r.pos = torch.cat([r.pos, r.resume_pos + steps], dim=-1)
+            self.sessions.make_room(None)
+            r.row = self.cache.alloc()
+            ok = self.cache.reserve(r.row, r.embeds.shape[0])
+            assert ok, "admitted, so its blocks are there (`KeptSessions.fits`)"
+            return
         row, shared, extra = self.sessions.take(r.session, r.embeds)
         if row is not None:
             r.row, r.prefilled, r.cached = row, shared, shared
@@ -353,7 +448,10 @@ class ThinkerExecutor(HoldsRequests):
             if hs0 is not None and hidden is not None:
                 r.hidden.append((hs0[:shared], hidden[:shared]))
         else:
+            self.sessions.make_room(None)  # a kept row given up, when every row is taken
             r.row = self.cache.alloc()
+        ok = self.cache.reserve(r.row, r.embeds.shape[0])
+        assert ok, "admitted, so its blocks are there (`KeptSessions.fits`)"
 
     def _prefill_chunk(self, rid: str, r: _Request, n: int) -> list[Emit]:
         assert r.embeds is not None and r.pos is not None and r.row is not None
@@ -361,9 +459,11 @@ class ThinkerExecutor(HoldsRequests):
         deepstack = visual = None
         if r.image_embeds is not None and r.deepstack is not None:
             vis = r.ids == self.cfg.thinker_config.image_token_id
+            vis = F.pad(vis, (0, r.embeds.shape[0] - vis.shape[0]))  # fed tokens: no image
             before, inside = int(vis[:a].sum()), int(vis[a:b].sum())
             visual = vis[None, a:b]
             deepstack = [f[before : before + inside] for f in r.deepstack]
+        resuming = r.resume_pos is not None
         window = self.cache.prefill(r.row, n)
         out = self.lm(
             inputs_embeds=r.embeds[None, a:b],
@@ -373,14 +473,18 @@ class ThinkerExecutor(HoldsRequests):
             use_cache=True,
             visual_pos_masks=visual,
             deepstack_visual_embeds=deepstack,
-            output_hidden_states=self.speech,
+            output_hidden_states=self.speech and not resuming,
         )
         window.commit()
         r.prefilled = b
-        if self.speech:
+        if self.speech and not resuming:
             hs = out.hidden_states
             r.hidden.append((hs[0][0], hs[self.accept_layer][0]))
         if b < r.embeds.shape[0]:
+            return []
+        if resuming:  # its cache holds what it had: decode on from its last token
+            r.next_pos, r.resume_pos = r.resume_pos, None
+            r.embeds = r.pos = None
             return []
         rows = None
         hs0 = hidden = None

@@ -120,6 +120,25 @@ def test_a_full_pool_evicts_kept_sessions_first_then_refuses() -> None:
     assert cache.blocks_in_use() == 4 and cache.table[another] == []
 
 
+def test_kept_sessions_tensors_count_in_the_pool_and_admission_counts_before_evicting() -> None:
+    cache = BlockCache(LAYERS, KV_HEADS, DIM, 8, 8, torch.float32, "cpu", block_tokens=16)
+    kept = KeptSessions(cache, max_tokens=10_000)
+    row = cache.alloc()
+    assert cache.reserve(row, 32)
+    cache.lens[row] = 32
+    block_bytes = cache.block_bytes()
+    # 1.5 blocks' worth of embeddings: charged as 2 blocks beside the row's own 2
+    inputs = torch.zeros(int(1.5 * block_bytes) // 4)[None]
+    kept.keep("s", row, inputs, (None, inputs[:, :1]))
+    assert cache.charged == 2 and cache.free_blocks() == 8 - 2 - 2
+    assert kept.blocks_held() == 4
+    assert kept.fits(8 * 16) and not kept.fits(8 * 16 + 1)  # counted, nothing evicted
+    assert "s" in kept and kept.evictions == 0
+    other = cache.alloc()
+    assert cache.reserve(other, 5 * 16)  # more than is free: the session gives way
+    assert "s" not in kept and cache.charged == 0 and kept.evictions == 1
+
+
 def test_kv_memory_benchmark_meets_its_target_at_the_real_sizes(tmp_path) -> None:
     """benchmarks/kv_memory.py on meta tensors: held and read within 1.25x the ideal, against
     the rows-times-longest cache before it (over 10x)."""

@@ -327,14 +327,36 @@ def test_step_error_with_request_id_fails_only_that_request(
     assert [e.request_id for e in stage.step()] == ["r1"]
 
 
-def test_step_error_naming_an_unknown_request_fails_every_started_request(
+def test_step_error_naming_a_request_no_longer_running_fails_nobody(
     ex: FakeExecutor, rel: Releases
 ) -> None:
+    """A request's error raised after it was aborted (a barge-in while the KV pool is full)
+    is its own: the requests still running go on."""
     stage = Stage("c", ex, ("a",))
     start(stage, rel, "r1")
-    ex.fail["step"] = ExecutorError("gone", "stale")
-    stage.step()
-    assert [r for r, _ in stage.failures] == ["r1"]
+    start(stage, rel, "r2")
+    stage.abort("r2")
+    ex.fail["step"] = ExecutorError("r2", "stale")
+    assert stage.step() == []
+    assert stage.failures == [] and stage.started == {"r1"}
+
+
+def test_an_error_emit_fails_its_request_beside_the_others_outputs(
+    log: list, ex: FakeExecutor, rel: Releases
+) -> None:
+    stage = Stage("c", ex, ("a",))
+    for rid in ("r1", "r2", "r3"):
+        start(stage, rel, rid)
+    stage.abort("r3")  # aborted already: its late error is dropped
+
+    def step() -> list[Emit]:
+        return [Emit("r1", {"t": 1}), Emit("r2", error="no blocks"), Emit("r3", error="late")]
+
+    ex.step = step  # type: ignore[method-assign]
+    assert [(e.request_id, e.data) for e in stage.step()] == [("r1", {"t": 1})]
+    assert stage.failures == [("r2", "no blocks")]
+    assert stage.started == {"r1"} and "r2" in stage.closed
+    assert calls(log, "abort") == [("abort", "r3")]  # the executor dropped r2 itself
 
 
 def test_executor_abort_error_is_reported(log: list, ex: FakeExecutor, rel: Releases) -> None:
