@@ -6,13 +6,17 @@ uvicorn in its own process, plus a `/bench/raw` route that hands over the raw ti
 it with the aiortc caller of `realtime_omni.clients.webrtc`, which speaks espeak-ng speech
 into its microphone track in real time:
 
-- one call, `--turns` turns: speech, the answer starts, plays `HOLD_S`, then the caller talks
-  over it (barge-in). Measured on the server: thinker token -> its first audio frame handed to
+- one call, `--turns` turns, preemptive answers off (`preemptive_ms: null`: an answer starts
+  when the turn ends, so a token's audio is never held back, and the token -> audio figures are
+  the runtime's own): speech, the answer starts, plays `HOLD_S`, then the caller talks over it
+  (barge-in). Measured on the server: thinker token -> its first audio frame handed to
   aiortc (an answer's first token, and every token whose audio found the playout queue empty),
   raw and minus the model compute on that path (the talker and code2wav steps between the
   token and the frame, from the stages' step logs); speech stop detected -> first frame out;
   barge-in detected -> first silent frame out; abort acknowledged by every stage. Measured on the
   caller: end of its speech (the last sample sent) -> first audible frame received.
+- the same call again with preemptive answers on (`PREEMPTIVE_MS`, the default): what they do to
+  the caller's end of speech -> heard, in a row of its own.
 - phone calls, `--turns` utterances each, every one after the first talking over the answer
   to the one before: over the Twilio bridge (the scripted provider of
   `realtime_omni.clients.media_stream`) the caller's end of speech -> first `media` received,
@@ -63,6 +67,7 @@ CONFIGS = {
     "tiny": ROOT / "configs/tiny.yaml",
 }
 HOLD_S = 0.6  # the answer plays this long before the caller barges in
+PREEMPTIVE_MS = 160  # turn_detection.preemptive_ms's default
 LOUD = 0.02  # a received frame with a peak above this is audible
 HANG_UP_S = 10.0  # a hang-up that takes longer is given up (aiortc can stall closing)
 TARGETS = {  # DESIGN.md budgets
@@ -172,9 +177,9 @@ def compute_ms(steps: dict[str, list[list[float]]], token_time: float, left: flo
     return (sum(talker) + c_dur) * 1e3
 
 
-async def set_turns(caller: Caller, on: bool, tokens: int) -> None:
+async def set_turns(caller: Caller, on: bool, tokens: int, preemptive_ms: int | None) -> None:
     """Server VAD on; `on` False: a turn it detects gets no answer (the talk-over speech)."""
-    td = {"type": "server_vad", "create_response": on}
+    td = {"type": "server_vad", "create_response": on, "preemptive_ms": preemptive_ms}
     caller.send(
         {
             "type": "session.update",
@@ -188,7 +193,9 @@ async def set_turns(caller: Caller, on: bool, tokens: int) -> None:
     await caller.wait_for("session.updated", 10, since=time.monotonic() - 0.001)
 
 
-async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dict[str, Any]:
+async def one_call(
+    url: str, speech: np.ndarray, turns: int, tokens: int, preemptive_ms: int | None = None
+) -> dict[str, Any]:
     caller = Caller(url)
     await caller.connect(limit_s=30)
     heard: list[float] = []
@@ -196,12 +203,12 @@ async def one_call(url: str, speech: np.ndarray, turns: int, tokens: int) -> dic
     try:
         await asyncio.sleep(0.5)
         for _ in range(turns):
-            await set_turns(caller, True, tokens)
+            await set_turns(caller, True, tokens, preemptive_ms)
             caller.mic.say(speech)
             await caller.wait_for("response.created", 30, since=time.monotonic())
             await caller.wait_for("output_audio_buffer.started", 60)
             end = caller.mic.speech_ended_at
-            await set_turns(caller, False, tokens)  # the speech over it makes no new answer
+            await set_turns(caller, False, tokens, preemptive_ms)  # talking over it: no answer
             await asyncio.sleep(HOLD_S)  # the audio also passes the caller's jitter buffer
             first = next((t for t, p in caller.frames if end and t > end and p > LOUD), None)
             if end is not None and first is not None:
@@ -229,7 +236,7 @@ async def busy_call(url: str, speech: np.ndarray, until: float, tokens: int) -> 
     answers = 0
     try:
         await caller.connect(limit_s=60)
-        await set_turns(caller, True, tokens)
+        await set_turns(caller, True, tokens, None)
         while time.monotonic() < until:
             caller.mic.say(speech)
             try:
@@ -395,6 +402,8 @@ def measure(
         tta = [(left - t) * 1e3 for t, left in raw["chunks"]]
         over = [(left - t) * 1e3 - compute_ms(steps, t, left) for t, left in raw["chunks"]]
         m = raw["metrics"]
+        print(f"  {name}: preemptive answers on ...", file=sys.stderr, flush=True)
+        preempting = asyncio.run(one_call(url, speech, turns, tokens, PREEMPTIVE_MS))
         print(f"  {name}: phone calls ...", file=sys.stderr, flush=True)
         twilio = asyncio.run(twilio_call(url, speech, turns))
         sip = sip_call(sip_port, speech, turns) if sip_port else {"heard_ms": [], "clear_ms": []}
@@ -414,6 +423,7 @@ def measure(
             "token_to_audio_over_compute_ms": pct(over),
             "first_audio_ms": pct(m.get("first_audio_ms", [])),
             "speech_end_to_heard_ms": pct(one["heard_ms"]),
+            "speech_end_to_heard_preemptive_ms": pct(preempting["heard_ms"]),
             "barge_in_to_silence_ms": pct(m.get("barge_in_to_silence_ms", [])),
             "abort_ack_ms": pct(m.get("abort_ms", [])),
             "twilio_speech_end_to_media_ms": pct(twilio["heard_ms"]),
@@ -504,6 +514,7 @@ def main() -> None:
         ("token_to_audio_over_compute_ms", "  the same minus talker+code2wav compute"),
         ("first_audio_ms", "speech stop detected -> first frame out"),
         ("speech_end_to_heard_ms", "caller: end of speech -> audio heard"),
+        ("speech_end_to_heard_preemptive_ms", f"  the same, preemptive on ({PREEMPTIVE_MS} ms)"),
         ("barge_in_to_silence_ms", "barge-in detected -> silent frame out"),
         ("abort_ack_ms", "abort acknowledged by every stage"),
         ("twilio_speech_end_to_media_ms", "twilio: end of speech -> first media in"),

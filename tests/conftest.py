@@ -6,7 +6,8 @@ import asyncio
 import copy
 import os
 import socket
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ TIMEOUT_FACTOR = float(os.environ.get("RTO_TEST_TIMEOUT_FACTOR", "1"))
 
 def timeout(seconds: float) -> float:
     return seconds * TIMEOUT_FACTOR
+
+
+async def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    """Wait for `condition` to hold, polling every 10 ms, failing after `within_s` (scaled):
+    for a state a test waits for, never a fixed sleep."""
+    deadline = time.monotonic() + timeout(within_s)
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        await asyncio.sleep(0.01)
 
 
 def run(coro: Coroutine[Any, Any, Any], limit_s: float = 60) -> Any:

@@ -21,12 +21,14 @@ MEASURES = ("token_to_audio_ms", "first_audio_ms", "barge_in_to_silence_ms", "ab
 RUN_ONLY = (
     "token_to_audio_over_compute_ms",
     "speech_end_to_heard_ms",
+    "speech_end_to_heard_preemptive_ms",
     "twilio_speech_end_to_media_ms",
 )
 # under "runs" alone; with one turn nobody talks over an answer, so these stay empty (n = 0)
 BARGE_INS = ("twilio_onset_to_clear_ms", "sip_onset_to_rtp_silence_ms")
 # One turn, one barge-in: made exactly once (token_to_audio: every chunk that found the queue empty)
-ONCE = ("first_audio_ms", "speech_end_to_heard_ms", "barge_in_to_silence_ms", "abort_ack_ms")
+ONCE = ("first_audio_ms", "speech_end_to_heard_ms", "speech_end_to_heard_preemptive_ms",
+        "barge_in_to_silence_ms", "abort_ack_ms")  # fmt: skip
 SESSIONS = [1, 2]
 
 

@@ -168,8 +168,10 @@ def test_nobody_comes_back_the_session_ends_and_leaves_nothing(
             token = json.loads(await ws.recv())["resume"]["token"]
             await mid_answer(ws, speech)
             drop(ws)
-        await asyncio.sleep(0.5)
-        assert (await stats(server))["sessions_waiting_resume"] == 1
+        t0 = time.monotonic()  # the server sees the drop, and parks the session
+        while (await stats(server))["sessions_waiting_resume"] != 1:
+            assert time.monotonic() - t0 < timeout(5), "the dropped session was not parked"
+            await asyncio.sleep(0.05)
         # The window's end lets go of the session at once (it no longer counts against the
         # limits) and releases it in the background: aborting its answer in every stage takes a
         # moment more. Gone is when neither count holds it.

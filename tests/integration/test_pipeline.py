@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -32,7 +31,7 @@ from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
 from realtime_omni.pipeline.shm import OWNER, SHM_DIR, list_segments
 from realtime_omni.pipeline.worker import MAX_DRAIN
-from tests.conftest import ROOT, run, simulated_config, timeout
+from tests.conftest import ROOT, run, simulated_config, timeout, until
 
 FAST = 0.2  # simulated step times at a fifth: the graph's shape matters here, not its speed
 
@@ -47,13 +46,6 @@ def check_complete(outputs: dict[str, list[dict]], tokens: int) -> None:
     assert all(o["pcm"].shape == (o["items"], 1920) for o in audio)
     times = [o["token_time"] for o in audio]
     assert times == sorted(times)
-
-
-async def until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout(within_s)
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
-        await asyncio.sleep(0.01)
 
 
 async def all_slots_free(coord: Coordinator) -> None:
