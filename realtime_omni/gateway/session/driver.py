@@ -30,7 +30,8 @@ so a transport that sends audio as it reads it sends every delta before the `res
 A response is active from `response.created` until `response.done`, its playout included. Speech
 starting while one is active (with `interrupt_response`) is a barge-in: the playout queue is
 flushed at once (the next read is silence), the request is aborted in every stage and awaited,
-`response.done` says cancelled / turn_detected, and the assistant item keeps what was read out.
+the assistant item is cut to what was heard (`conversation.item.truncated` says so), and
+`response.done` says cancelled / turn_detected: so too when only its audio was left to play.
 A response holds its request's output stream unread while the playout queue is `max_lead_ms`
 ahead; the runtime's credits then hold back the stages upstream.
 
@@ -414,6 +415,9 @@ class Session:
                 self.playout.paused = False
                 self.audio_written.set()  # a sender waiting for audio: there is some again
             elif isinstance(a, BargeIn):
+                if not self.playout.paused:  # else the pause silenced it already, and was timed
+                    self._barge_at = time.monotonic()
+                self.playout.paused = False  # the next answer plays; this one is flushed
                 self.responses.barge_in()
             elif isinstance(a, Discard):
                 self._emit(

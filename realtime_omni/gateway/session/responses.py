@@ -220,6 +220,8 @@ class Responses:
     async def _run(self, resp: Response) -> None:
         SESSION.set(self.s.id)
         REQUEST.set(resp.id)  # the pipeline request id: log lines of the response carry it
+        status: Status = "completed"
+        details: Any = None
         try:
             stream = resp.stream = await self.s.coord.submit(resp.payload, resp.id)
             resp.payload = {}  # the arrays are in the pipeline now
@@ -246,28 +248,26 @@ class Responses:
                 await self.s.audio_read.wait()
         except (PlayoutFull, ProtocolError):  # the gateway's own limits broken: a bug
             log.exception("response %s failed", resp.id)
-            self.s._flush(resp.item.id)
-            error = {"type": "server_error", "message": "the server failed; it logged why"}
-            self._finish(resp, "failed", {"type": "failed", "error": error})
-            return
+            status, details = "failed", _failed("the server failed; it logged why")
         except OmniError as e:
             log.warning("response %s failed: %s", resp.id, e)
-            self.s._flush(resp.item.id)
             # A stage's own words (a full KV cache, a dead stage): the client is told the cause.
-            error = {"type": "server_error", "message": str(e)}
-            self._finish(resp, "failed", {"type": "failed", "error": error})
-            return
+            status, details = "failed", _failed(str(e))
         except Exception:  # a bug: the response fails, and the session takes the next one
             log.exception("response %s failed", resp.id)
-            self.s._flush(resp.item.id)
             # Python's own words stay in the log, not with the client.
-            error = {"type": "server_error", "message": "the server failed; it logged why"}
-            self._finish(resp, "failed", {"type": "failed", "error": error})
-            return
-        if resp.max_tokens is not None and resp.text_tokens >= resp.max_tokens:
-            self._finish(resp, "incomplete", {"type": "incomplete", "reason": "max_output_tokens"})
+            status, details = "failed", _failed("the server failed; it logged why")
         else:
-            self._finish(resp, "completed", None)
+            if resp.max_tokens is not None and resp.text_tokens >= resp.max_tokens:
+                status = "incomplete"
+                details = {"type": "incomplete", "reason": "max_output_tokens"}
+        if resp.ending:
+            # Cut meanwhile (a barge-in's flush ends the wait above at once): `_stop` ends it,
+            # truncated at what was heard, never as if all of it had been.
+            return
+        if status == "failed":
+            self.s._flush(resp.item.id)
+        self._finish(resp, status, details)
 
     async def _hold_lead(self, resp: Response) -> None:
         """Wait while the playout queue is `max_lead_ms` ahead of what has been played, or a
@@ -334,27 +334,43 @@ class Responses:
         self.s._arm_idle()
 
     def barge_in(self) -> None:
-        """An interruption: silence from the next read, then cancel in the background."""
-        if self.active is not None:
-            self.active.muted = True  # outputs arriving before the cancel runs stay unheard
-        if not self.s.playout.paused:  # else the pause already silenced it, and was timed
-            self.s._barge_at = time.monotonic()
-        self.s.playout.paused = False
+        """An interruption (the driver has unpaused and timed it): the playout is flushed, once,
+        so the next read is silent, and the active response is stopped in the background:
+        truncated at what was heard (`conversation.item.truncated`), `response.done` cancelled
+        with `turn_detected`, whether its request still ran or only its audio was left."""
+        resp = self.active
+        halted = resp if resp is not None and self._halt(resp) else None
         self.s._flush()
-        rid = self.active.id if self.active is not None else self.last_id
+        rid = resp.id if resp is not None else self.last_id
         if rid is not None:
             self.s._emit("output_audio_buffer.cleared", response_id=rid)
-        self.s._track(self.cancel("turn_detected"))
+        if halted is not None:  # else a cancel already stops it
+            self.s._track(self._stop(halted, "turn_detected", told=True))
 
     async def cancel(self, reason: str) -> bool:
         """Stop the active response: flush its audio, abort its request in every stage (awaited),
         keep what was played. False when there was none."""
         resp = self.active
-        if resp is None or resp.ending:
+        if resp is None or not self._halt(resp):
             return resp is not None
+        self.s._flush(resp.item.id)
+        await self._stop(resp, reason, told=False)
+        return True
+
+    def _halt(self, resp: Response) -> bool:
+        """`resp` is ending early: nothing more of it is queued, what waits on its first audio
+        goes on, and `_run` leaves its end to `_stop`. False when it was ending already."""
+        if resp.ending:
+            return False
         resp.ending = resp.muted = True
         self.audible.set()
-        self.s._flush(resp.item.id)
+        return True
+
+    async def _stop(self, resp: Response, reason: str, *, told: bool) -> None:
+        """End `resp`, halted and flushed: its task stopped, its request aborted in every stage
+        (awaited; one that had ended has nothing left to stop), its item cut to what was heard
+        (`told`: the client hears of it in `conversation.item.truncated`, as OpenAI's tells a
+        WebRTC client of a barge-in), then `response.done` cancelled with `reason`."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -363,13 +379,25 @@ class Responses:
             await self.s.coord.abort(resp.id)
         finally:
             self.s._metric("abort_ms", (time.monotonic() - t0) * 1e3)
-            played_ms = self.s.playout.played_ms(resp.item.id)
+            heard_ms = self.s.playout.played_ms(resp.item.id)
             if self.s.heard_ms is not None:
-                played_ms = min(played_ms, self.s.heard_ms(resp.item.id))
-            resp.item.truncate(min(played_ms, resp.item.audio_ms))
+                heard_ms = min(heard_ms, self.s.heard_ms(resp.item.id))
+            heard_ms = min(heard_ms, int(resp.item.audio_ms))
+            resp.item.truncate(heard_ms)
+            if told and not resp.text_only:
+                self.s._emit(
+                    "conversation.item.truncated",
+                    item_id=resp.item.id,
+                    content_index=0,
+                    audio_end_ms=heard_ms,
+                )
             self.s.playout.forget(resp.item.id)
             self._finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
-        return True
+
+
+def _failed(message: str) -> dict[str, Any]:
+    """`response.done`'s `status_details` of a response that failed, in the client's words."""
+    return {"type": "failed", "error": {"type": "server_error", "message": message}}
 
 
 def _tools_payload(tools: tuple[Tool, ...], choice: Any) -> dict[str, Any]:
