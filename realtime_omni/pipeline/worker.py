@@ -156,6 +156,7 @@ class Worker:
                 upstream=[e.src for e in self.graph.in_edges[name]],
                 max_batch=st.max_batch,
                 max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
+                pipeline=self.cfg,
             )
             self.stages[name] = Stage(
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]

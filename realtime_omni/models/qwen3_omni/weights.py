@@ -27,6 +27,14 @@ from typing import Any
 from realtime_omni.errors import ConfigError
 
 PARTS = ("thinker", "audio_encoder", "image_encoder", "talker", "code2wav")
+# Each part's checkpoint keys: their prefix, and the prefixes under it that are other parts'.
+PREFIXES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "thinker": ("thinker.", ("thinker.audio_tower.", "thinker.visual.")),
+    "audio_encoder": ("thinker.audio_tower.", ()),
+    "image_encoder": ("thinker.visual.", ()),
+    "talker": ("talker.", ()),
+    "code2wav": ("code2wav.", ()),
+}
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -85,26 +93,25 @@ def load_part(d: Path, part: str, device: str, dtype: Any, cfg: Any = None) -> A
 
     cfg = cfg or load_config(d)
     tc = cfg.thinker_config
-    build: dict[str, tuple[Any, Any, str]] = {
-        "thinker": (m.Qwen3OmniMoeThinkerForConditionalGeneration, tc, "thinker."),
-        "audio_encoder": (m.Qwen3OmniMoeAudioEncoder, tc.audio_config, "thinker.audio_tower."),
-        "image_encoder": (m.Qwen3OmniMoeVisionEncoder, tc.vision_config, "thinker.visual."),
-        "talker": (m.Qwen3OmniMoeTalkerForConditionalGeneration, cfg.talker_config, "talker."),
-        "code2wav": (m.Qwen3OmniMoeCode2Wav, cfg.code2wav_config, "code2wav."),
+    build: dict[str, tuple[Any, Any]] = {
+        "thinker": (m.Qwen3OmniMoeThinkerForConditionalGeneration, tc),
+        "audio_encoder": (m.Qwen3OmniMoeAudioEncoder, tc.audio_config),
+        "image_encoder": (m.Qwen3OmniMoeVisionEncoder, tc.vision_config),
+        "talker": (m.Qwen3OmniMoeTalkerForConditionalGeneration, cfg.talker_config),
+        "code2wav": (m.Qwen3OmniMoeCode2Wav, cfg.code2wav_config),
     }
     if part not in build:
         raise ValueError(f"unknown part {part!r}; one of {PARTS}")
-    cls, part_cfg, prefix = build[part]
+    cls, part_cfg = build[part]
+    prefix, skip = PREFIXES[part]
     if random_weights(d):
         return _random_part(cls, part_cfg, part, device, dtype)
     with _params_on_meta():
         module = cls._from_config(part_cfg)
-    skip: tuple[str, ...] = ()
     if part == "thinker":
         # The encoders run as stages of their own; the thinker takes their outputs.
         module.model.audio_tower = None
         module.model.visual = None
-        skip = ("thinker.audio_tower.", "thinker.visual.")
     state = _read(d, prefix, skip, device, dtype, part)
     expected = set(module.state_dict())
     missing, unexpected = expected - set(state), set(state) - expected
@@ -119,6 +126,23 @@ def load_part(d: Path, part: str, device: str, dtype: Any, cfg: Any = None) -> A
         owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
         owner._buffers[name.rpartition(".")[2]] = buf.to(device)
     return module.eval().requires_grad_(False)
+
+
+def part_bytes(d: Path, part: str, dtype: Any) -> int:
+    """The bytes of the part's parameters as `load_part` holds them, from the checkpoint's
+    shard headers alone: floating point tensors in `dtype`, the others as stored."""
+    import torch
+
+    prefix, skip = PREFIXES[part]
+    total = 0
+    for path in _shards(d):
+        shard = _Shard(path)
+        for key in shard.names():
+            if key.startswith(prefix) and not key.startswith(skip):
+                stored = getattr(torch, _Shard._DTYPES[shard.entries[key]["dtype"]])
+                size = dtype.itemsize if stored.is_floating_point else stored.itemsize
+                total += size * int(torch.Size(shard.shape(key)).numel())
+    return total
 
 
 RANDOM = "random_weights.json"  # a checkpoint directory with it holds only the config
