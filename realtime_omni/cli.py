@@ -3,7 +3,9 @@
 realtime-omni serve [--config C] [--host H] [--port P]
                                        start the pipeline and the gateway (the OpenAI
                                        Realtime WebSocket at /v1/realtime, the demo page)
-realtime-omni check --config C         validate a config and print its stage graph
+realtime-omni check --config C [--gpu NAME | --gpu-memory GIB]
+                                       validate a config and print its stage graph; with a
+                                       card, what each GPU holds and whether it fits
 realtime-omni run --config C           stream requests through the pipeline, print timings
 realtime-omni stage --config C --process NAME
                                        run one stage process on this host (for stages
@@ -111,8 +113,21 @@ def main(argv: list[str] | None = None) -> int:
         help="the event loop: uvloop's where installed (the default: fewer late frames with "
         "many calls), or asyncio's own",
     )
+    from realtime_omni.models.qwen3_omni.memory_plan import CARDS
+
     check = sub.add_parser("check", help="validate a config and print its stage graph")
     check.add_argument("--config", required=True)
+    card = check.add_mutually_exclusive_group()
+    card.add_argument(
+        "--gpu",
+        choices=sorted(CARDS),
+        help="plan every CUDA device of the config as this card: per device the weights, KV "
+        "pools, largest steps and reserve (meta tensors: no GPU, no weights); exit 1 when a "
+        "device does not fit",
+    )
+    card.add_argument(
+        "--gpu-memory", type=float, metavar="GIB", help="as --gpu, for a card of GIB GiB"
+    )
     run = sub.add_parser("run", help="stream requests through the pipeline and print timings")
     run.add_argument("--config", required=True)
     run.add_argument("--requests", type=int, default=5, help="requests, one after another")
@@ -134,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "check":
-            return _check(args.config)
+            return _check(args.config, args.gpu, args.gpu_memory)
         if args.command == "run":
             return asyncio.run(_run(args.config, args.requests, args.max_tokens))
         return _stage(args.config, args.process)
@@ -180,8 +195,9 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(path: str) -> int:
-    graph = Graph(load_config(path))
+def _check(path: str, gpu: str | None = None, gpu_memory_gib: float | None = None) -> int:
+    cfg = load_config(path)
+    graph = Graph(cfg)
     for name, group in graph.groups.items():
         where = f" on host {group.host}" if group.host else ""
         batches = ", ".join(f"{s} (max_batch {graph.stages[s].max_batch})" for s in group.stages)
@@ -193,7 +209,26 @@ def _check(path: str) -> int:
             f"  {e.key:32} {e.kind:6} {e.transport:9} {e.slots:4} slots x {e.slot_bytes} B, "
             f"{e.request_slots} per request, reserves {reserved / 2**20:.1f} MiB"
         )
-    return 0
+    if gpu is None and gpu_memory_gib is None:
+        return 0
+    from realtime_omni.models.qwen3_omni import memory_plan
+
+    if gpu is not None:
+        name, card = gpu, memory_plan.CARDS[gpu]
+    else:
+        assert gpu_memory_gib is not None
+        if gpu_memory_gib <= 0:
+            raise ConfigError(f"--gpu-memory = {gpu_memory_gib}: give the card's GiB, above 0")
+        name, card = f"{gpu_memory_gib:g} GiB card", int(gpu_memory_gib * memory_plan.GIB)
+    plans = memory_plan.plan(cfg, card, name)
+    if not plans:
+        print("no stage on a CUDA device: nothing to plan")
+        return 0
+    print(memory_plan.render(plans))
+    problems = memory_plan.check(plans)
+    for problem in problems:
+        print(f"realtime-omni: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 async def _run(path: str, requests: int, max_tokens: int) -> int:
