@@ -220,7 +220,7 @@ def render(plans: list[DevicePlan]) -> str:
             f"  {'reserve':15} {_gib(dev.reserve):>8}  {n} CUDA context{'s' * (n != 1)} x "
             f"{CONTEXT_BYTES // MIB} MiB + {RESERVE_FRACTION:.0%} of the card"
         )
-        verdict = "fits" if dev.spare >= 0 else "DOES NOT FIT"
+        verdict = "DOES NOT FIT" if check([dev]) else "fits"
         lines.append(f"  {'total':15} {_gib(dev.used):>8}  of {_gib(dev.card)}: {verdict}, "
                      f"{_gib(dev.spare)} GiB spare")  # fmt: skip
         if any(s.kv_planned for s in dev.stages):
