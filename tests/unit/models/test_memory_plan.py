@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from realtime_omni.cli import main
+from realtime_omni.errors import ConfigError
 from realtime_omni.models.qwen3_omni import memory_plan as mp
 from realtime_omni.models.qwen3_omni.cache import BLOCK_TOKENS, pool_blocks
 from realtime_omni.models.qwen3_omni.real_width import PUBLISHED
@@ -147,7 +148,7 @@ def test_an_unset_pool_gets_what_its_card_leaves(monkeypatch: pytest.MonkeyPatch
     text = _text_config()
     got = pool_blocks({}, text, torch.bfloat16, torch.device("cuda:0"), "thinker", cfg)
     assert got == thinker.kv // (thinker.kv_per_token * BLOCK_TOKENS)
-    with pytest.raises(Exception, match="short by"):  # a card too small for the weights
+    with pytest.raises(ConfigError, match="short by"):  # a card too small for the weights
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (0, 60 * mp.GIB))
         pool_blocks({}, text, torch.bfloat16, torch.device("cuda:0"), "thinker", cfg)
 
