@@ -151,7 +151,7 @@ class TalkerExecutor(HoldsRequests):
         tcfg = self.cfg.thinker_config
         self.mm_ids = torch.tensor([tcfg.audio_token_id, tcfg.image_token_id, tcfg.video_token_id])
         text = self.model.model.config
-        blocks = pool_blocks(p, text, dtype, self.device, ctx.stage)
+        blocks = pool_blocks(p, text, dtype, self.device, ctx.stage, pipeline=ctx.pipeline)
         self.cache = BlockCache.for_text_model(text, ctx.max_batch, blocks, dtype, self.device)
         self.max_batch = ctx.max_batch
         # Per cache row, the codes 0 its answer has made so far (the repetition penalty's).

@@ -186,7 +186,9 @@ class ThinkerExecutor(HoldsRequests):
         self.mm_ids = torch.tensor([tc.audio_token_id, tc.image_token_id, tc.video_token_id])
         self.lm = self.model.model.language_model
         dtype = self.embed.weight.dtype
-        blocks = pool_blocks(p, self.lm.config, dtype, self.device, ctx.stage)
+        blocks = pool_blocks(
+            p, self.lm.config, dtype, self.device, ctx.stage, pipeline=ctx.pipeline
+        )
         self.cache = BlockCache.for_text_model(
             self.lm.config, ctx.max_batch, blocks, dtype, self.device
         )
