@@ -21,6 +21,7 @@ from realtime_omni.gateway.media import audio
 from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
 from realtime_omni.gateway.protocol.conversation import Item, Part, new_id
 
+MAX_EVENT_ID_CHARS = 512  # a client event's event_id: it comes back in the event's errors
 MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool's schema) less
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -164,6 +165,22 @@ def parse_metadata(value: Any, param: str) -> dict[str, str] | None:
 
 def event_id() -> str:
     return f"event_{uuid.uuid4().hex[:20]}"
+
+
+def checked_event_id(event: Any) -> str | None:
+    """A client event's `event_id`, None without one; `ProtocolError` naming `event_id` for one
+    that is not a string of at most `MAX_EVENT_ID_CHARS`. Its errors echo it, and a resumable
+    session keeps its errors: a message-sized id would make each of them that large."""
+    value = event.get("event_id") if isinstance(event, dict) else None
+    if value is None or (isinstance(value, str) and len(value) <= MAX_EVENT_ID_CHARS):
+        return value
+    if not isinstance(value, str):
+        raise ProtocolError("event_id must be a string", code="invalid_type", param="event_id")
+    raise ProtocolError(
+        f"event_id is {len(value)} characters long; it may be at most {MAX_EVENT_ID_CHARS}",
+        code="string_above_max_length",
+        param="event_id",
+    )
 
 
 def error_event(

@@ -25,6 +25,7 @@ from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
 from realtime_omni.gateway.protocol.conversation import ROOT, Conversation, Item, new_id
 from realtime_omni.gateway.protocol.events import (
     ProtocolError,
+    checked_event_id,
     error_event,
     loads,
     parse_metadata,
@@ -341,14 +342,16 @@ def _find(conversation: Conversation, item_id: Any) -> Item | None:
 
 def read_event(raw: str, max_bytes: int) -> Any:
     """A client message as a transport receives it (JSON text), parsed; `ProtocolError` when it
-    is larger than `max_bytes` or not JSON."""
+    is larger than `max_bytes`, not JSON, or its `event_id` is not one (`checked_event_id`)."""
     if len(raw) > max_bytes:
         raise ProtocolError(
             f"message of {len(raw)} bytes exceeds the limit of {max_bytes} bytes; send audio in "
             "smaller appends",
             code="message_too_large",
         )
-    return loads(raw)
+    event = loads(raw)
+    checked_event_id(event)
+    return event
 
 
 def error(e: ProtocolError, client_event_id: str | None = None) -> dict[str, Any]:

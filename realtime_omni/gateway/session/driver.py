@@ -158,6 +158,7 @@ class Session:
         self._fixed_rate = output_rate_hz
         self.max_lead_ms = max_lead_ms
         self.max_payload_bytes = max_payload_bytes
+        self.max_session_bytes = max_session_bytes  # what the session may hold, in all
         self.conversation = Conversation(max_bytes=max_session_bytes)
         self.playout = Playout(output_rate_hz or self.settings.output_format.rate_hz)
         self.metrics: dict[str, deque[float]] = {
@@ -302,6 +303,12 @@ class Session:
             self.turns.configure(s.turn_detection)
             self._clear_input()
         self._set_echo_cancellation()
+
+    def reserve_bytes(self, n: int) -> int:
+        """Take `n` of the session's `max_session_bytes` for a transport's own buffer of it
+        (the resume replay): from now the conversation holds that much less. Returns `n`."""
+        self.conversation.max_bytes -= n
+        return n
 
     async def cancel_response(self, reason: str) -> bool:
         """Stop the active response: flush its audio, abort its request in every stage

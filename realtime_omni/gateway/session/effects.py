@@ -45,8 +45,7 @@ async def handle_text(s: Session, raw: str, max_bytes: int) -> dict[str, Any] | 
         event = read_event(raw, max_bytes)
     except ProtocolError as e:
         return error(e)
-    client_id = event.get("event_id") if isinstance(event, dict) else None
-    client_id = client_id if isinstance(client_id, str) else None
+    client_id = event.get("event_id") if isinstance(event, dict) else None  # read_event checked
     try:
         await s.handle(event)
     except ProtocolError as e:

@@ -31,7 +31,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.host import admit, release
-from realtime_omni.gateway.protocol.events import ProtocolError, event_id, loads
+from realtime_omni.gateway.protocol.events import (
+    ProtocolError,
+    checked_event_id,
+    event_id,
+    loads,
+)
 from realtime_omni.gateway.protocol.live import (
     LiveError,
     LiveProtocol,
@@ -120,7 +125,7 @@ class LiveCall:
         client_event_id = None
         try:
             ev = loads(raw, "the event")
-            client_event_id = ev.get("event_id") if isinstance(ev, dict) else None
+            client_event_id = checked_event_id(ev)
             audio = isinstance(ev, dict) and ev.get("type") == "session.input_audio.append"
             if audio and self.audio_on_track:
                 raise LiveError(
@@ -261,7 +266,7 @@ async def live_endpoint(ws: WebSocket) -> None:
     start_id = None
     try:
         start = await _first_message(ws)
-        start_id = start.get("event_id")
+        start_id = checked_event_id(start)
         config = parse_start(start.get("session"), gw.voices)
     except WebSocketDisconnect:
         return

@@ -56,12 +56,14 @@ class RealtimeConnection:
     async def send(self, event: dict[str, Any]) -> None:
         wire = self.channel.outgoing(event)
         if wire is not None:
+            text = json.dumps(wire)
             if self.link is not None and event["type"] != "response.output_audio.delta":
-                self.link.replay.sent(wire)  # before the send: a send that fails may have gone
-            await self.send_wire(wire)
+                # Before the send: a send that fails may have gone.
+                self.link.replay.sent(wire["event_id"], text)
+            await self.send_text(text)
 
-    async def send_wire(self, wire: dict[str, Any]) -> None:
-        await within(self.ws.send_text(json.dumps(wire)), SEND_TIMEOUT_S)
+    async def send_text(self, text: str) -> None:
+        await within(self.ws.send_text(text), SEND_TIMEOUT_S)
 
     async def send_all(self, events: list[dict[str, Any]]) -> None:
         """Send in order; what a failed send leaves unsent is kept for a resume."""
@@ -241,7 +243,7 @@ async def resume(ws: WebSocket, gw: Host, token: str, owner: str, beta: bool) ->
         await ws.send_text(json.dumps({"event_id": event_id(), **err}))
         await ws.close(code=1008, reason=e.code.replace("_", " "))
         return
-    replayed: list[dict[str, Any]] = []
+    replayed: list[str] = []
     last = q.get("last_event_id")
     if last is not None:
         after = link.replay.after(last)
@@ -252,7 +254,7 @@ async def resume(ws: WebSocket, gw: Host, token: str, owner: str, beta: bool) ->
                 "resume_events_lost",
                 "last_event_id",
             )
-            after = [{"event_id": event_id(), **lost}]
+            after = [json.dumps({"event_id": event_id(), **lost})]
         replayed = after
     await attend(ws, gw, link.session, beta, link, replayed, ack, cut == "cut")
 
@@ -283,7 +285,7 @@ async def attend(
     session: Session,
     beta: bool,
     link: Link | None,
-    replayed: list[dict[str, Any]] | None = None,
+    replayed: list[str] | None = None,
     ack: tuple[str, int] | None = None,
     cut: bool = False,
 ) -> None:
@@ -301,8 +303,8 @@ async def attend(
         for event in conn.channel.opening(resumed):
             await conn.send(event)
         if link is not None:
-            for wire in replayed or ():
-                await conn.send_wire(wire)
+            for text in replayed or ():
+                await conn.send_text(text)
             unsent, link.replay.unsent = link.replay.unsent, []
             await conn.send_all(unsent)
             for client_event in _played(link, *ack, cut) if ack else ():

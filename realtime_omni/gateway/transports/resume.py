@@ -14,7 +14,8 @@ within `window_s` to `/v1/realtime?resume=<token>` with the key or client secret
 session, and may add
 
 - `last_event_id`: the last event it got; the events sent after it (audio deltas aside) are sent
-  again, with their event ids (the last `REPLAY_EVENTS`);
+  again, with their event ids (the last `REPLAY_EVENTS`, within the replay's byte budget: an
+  eighth of the session's `max_session_bytes`, taken from what its conversation may hold);
 - `item_id` and `audio_end_ms`: the playback ack, how much of that answer it played. The
   answer's audio sent past it (the last `TAIL_S` seconds of it) is put back in the playout, so
   the answer continues from there; with `answer=cut` the answer is cancelled and the item
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from realtime_omni.gateway.session.driver import Session
 
 REPLAY_EVENTS = 512  # sent server events kept for `last_event_id` (audio deltas are not)
+REPLAY_SHARE = 8  # the replay (events and audio tail) may hold 1/8 of `max_session_bytes`
 TAIL_S = 10.0  # seconds of sent answer audio kept for the playback ack
 TAKEN_OVER = 4000  # the close code of a connection whose session resumed on another
 
@@ -135,27 +137,45 @@ class ResumeTokens:
 
 class Replay:
     """What one session's connections sent, kept for the next connection: the last server
-    events (audio deltas aside) for `last_event_id`, and the tail of the answer audio for the
-    playback ack. No I/O."""
+    events (audio deltas aside) for `last_event_id`, as the JSON text that went on the wire
+    (so a kept event pins no item the conversation dropped), and the tail of the answer audio
+    for the playback ack. At most `max_events` events and `max_bytes` of their text, the oldest
+    going first; an event larger than `max_bytes` is not kept and takes those before it with
+    it (a replay after them would have a gap). No I/O."""
 
-    def __init__(self, max_events: int = REPLAY_EVENTS, tail_samples: int = 240_000) -> None:
-        self.events: deque[dict[str, Any]] = deque(maxlen=max_events)
+    def __init__(
+        self,
+        max_events: int = REPLAY_EVENTS,
+        tail_samples: int = 240_000,
+        max_bytes: int = 4 << 20,
+    ) -> None:
+        self.events: deque[tuple[str, str]] = deque()  # (event_id, wire text), oldest first
+        self.max_events, self.max_bytes = max_events, max_bytes
+        self.held_bytes = 0  # of the events' text, a byte a character
         self.tail_samples = tail_samples
         self._tail: deque[tuple[str, np.ndarray]] = deque()  # (item_id, pcm), oldest first
         self._held = 0  # samples in `_tail`
         # Events taken from the session but never sent: they go first on the next connection.
         self.unsent: list[dict[str, Any]] = []
 
-    def sent(self, wire: dict[str, Any]) -> None:
-        """An event as it went on the wire (with its event_id)."""
-        self.events.append(wire)
+    def sent(self, event_id: str, text: str) -> None:
+        """An event as it went on the wire: its event_id and its JSON text."""
+        if len(text) > self.max_bytes:
+            self.events.clear()
+            self.held_bytes = 0
+            return
+        self.events.append((event_id, text))
+        self.held_bytes += len(text)
+        while len(self.events) > self.max_events or self.held_bytes > self.max_bytes:
+            self.held_bytes -= len(self.events.popleft()[1])
 
-    def after(self, last_event_id: str) -> list[dict[str, Any]] | None:
-        """The events sent after `last_event_id`; None when it is not among those kept."""
-        ids = [e.get("event_id") for e in self.events]
+    def after(self, last_event_id: str) -> list[str] | None:
+        """The wire texts of the events sent after `last_event_id`; None when it is not among
+        those kept."""
+        ids = [event_id for event_id, _ in self.events]
         if last_event_id not in ids:
             return None
-        return list(self.events)[ids.index(last_event_id) + 1 :]
+        return [text for _, text in list(self.events)[ids.index(last_event_id) + 1 :]]
 
     def audio(self, item_id: str, pcm: np.ndarray) -> None:
         """Answer audio sent, at the output rate; the oldest goes past `tail_samples`."""
@@ -218,8 +238,11 @@ class Resumes:
         """Make a new session resumable, attached to the connection that made it."""
         if self.window_s <= 0:
             return None
-        rate = session.output_rate
-        link = Link(session, owner, Replay(tail_samples=int(TAIL_S * rate)))
+        # Charged to the session's `max_session_bytes`: its conversation keeps the rest.
+        budget = session.reserve_bytes(session.max_session_bytes // REPLAY_SHARE)
+        tail_samples = min(int(TAIL_S * session.output_rate), budget // 2 // 4)  # float32
+        replay = Replay(tail_samples=tail_samples, max_bytes=budget - tail_samples * 4)
+        link = Link(session, owner, replay)
         link.token = self.tokens.issue(session.id, owner)
         self.links[session.id] = link
         return link

@@ -342,6 +342,23 @@ def test_a_client_message_as_text_gives_back_the_error_to_send() -> None:
     run(body())
 
 
+def test_a_client_event_id_past_512_characters_is_refused_and_not_echoed() -> None:
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1))
+        ok = {"type": "input_audio_buffer.clear", "event_id": "e" * 512}
+        assert await s.handle_text(json.dumps(ok), 1 << 20) is None
+        long_id = {"type": "nope", "event_id": "e" * 513}  # refused for its type as well
+        err = await s.handle_text(json.dumps(long_id), 1 << 20)
+        assert err is not None and err["error"]["param"] == "event_id"
+        assert err["error"]["code"] == "string_above_max_length"
+        assert err["error"]["event_id"] is None and len(json.dumps(err)) < 300
+        not_text = await s.handle_text('{"type": "nope", "event_id": [1, 2]}', 1 << 20)
+        assert not_text is not None and not_text["error"]["param"] == "event_id"
+        assert not_text["error"]["event_id"] is None
+
+    run(body())
+
+
 def test_an_outgrown_conversation_is_truncated_by_its_rule_and_the_client_told() -> None:
     """Three 0.3 s turns (19,200 B of float32 each) where a turn carries 50,000 B: the third
     response deletes the oldest turn and says so; with a retention ratio of 0.5 it deletes down

@@ -298,6 +298,21 @@ def test_the_websocket_refuses_by_name_and_closes() -> None:
         assert not srv.gw.sessions
 
 
+def test_a_live_event_id_past_512_characters_is_refused_and_not_echoed() -> None:
+    with gateway_server() as srv:
+        with srv.websocket("/v1/live/sessions") as ws:
+            ws.send(json.dumps({"type": "session.start", "event_id": "s" * 513, "session": START}))
+            err = recv_json(ws)["error"]
+            assert err["param"] == "event_id" and err["client_event_id"] is None
+        with srv.websocket("/v1/live/sessions") as ws:
+            ws.send(json.dumps({"type": "session.start", "event_id": "s" * 512, "session": START}))
+            assert recv_json(ws)["client_event_id"] == "s" * 512
+            ws.send(json.dumps({"type": "session.input_audio.mute", "event_id": "m" * 600}))
+            while (ev := recv_json(ws))["type"] != "error":
+                pass
+            assert ev["error"]["param"] == "event_id" and ev["error"]["client_event_id"] is None
+
+
 def test_a_client_secret_starts_a_live_session_but_attaches_to_its_own_only() -> None:
     with gateway_server(keys="sk-test") as srv:
         status, body = srv.post_json(

@@ -4,13 +4,23 @@ good after a drop only for the window (a fake clock); the replay of sent events 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from realtime_omni.gateway.transports.resume import Replay, ResumeRefused, Resumes, ResumeTokens
+from realtime_omni.gateway.session.driver import Session
+from realtime_omni.gateway.transports.resume import (
+    REPLAY_SHARE,
+    TAIL_S,
+    Replay,
+    ResumeRefused,
+    Resumes,
+    ResumeTokens,
+)
 from tests.conftest import until
+from tests.unit.gateway.fakes import FakeCoord
 
 
 def refused(tokens: ResumeTokens, token: str, owner: str, now: float) -> str:
@@ -63,10 +73,36 @@ def test_an_attached_sessions_token_does_not_expire_and_a_new_one_voids_the_old(
 def test_replay_gives_the_events_after_the_last_one_seen() -> None:
     r = Replay(max_events=3)
     for i in range(5):
-        r.sent({"event_id": f"ev{i}", "type": "x"})
-    assert [e["event_id"] for e in r.after("ev2") or []] == ["ev3", "ev4"]
+        r.sent(f"ev{i}", json.dumps({"event_id": f"ev{i}", "type": "x"}))
+    assert [json.loads(t)["event_id"] for t in r.after("ev2") or []] == ["ev3", "ev4"]
     assert r.after("ev4") == []
     assert r.after("ev1") is None  # no longer kept: the client is told, not misled
+
+
+def test_replay_holds_at_most_its_byte_budget() -> None:
+    r = Replay(max_events=512, max_bytes=10_000)
+    for i in range(512):  # 512 errors echoing a long id held 512 x the message, by reference
+        r.sent(f"ev{i}", "x" * 3000)
+    assert r.held_bytes <= 10_000 and len(r.events) == 3
+    assert r.after("ev510") == ["x" * 3000] and r.after("ev508") is None
+    r.sent("big", "y" * 10_001)  # larger than the budget: kept nowhere, nor what came before
+    assert r.held_bytes == 0 and r.after("ev511") is None
+    r.sent("next", "z")
+    assert r.after("next") == [] and r.held_bytes == 1
+
+
+def test_a_resumable_session_pays_for_its_replay_out_of_max_session_bytes() -> None:
+    async def body() -> None:
+        for max_bytes in (32 << 20, 1 << 20):
+            s = Session(FakeCoord(chunks=1), max_session_bytes=max_bytes)
+            link = Resumes(window_s=30).hold(s, "open")
+            assert link is not None
+            r, share = link.replay, max_bytes // REPLAY_SHARE
+            assert r.max_bytes + r.tail_samples * 4 <= share and r.max_bytes >= share // 2
+            assert s.conversation.max_bytes == max_bytes - share
+        assert link.replay.tail_samples < int(TAIL_S * s.output_rate)  # a small session's
+
+    asyncio.run(body())
 
 
 def test_replay_keeps_the_tail_of_an_items_audio() -> None:
@@ -84,6 +120,10 @@ def test_replay_keeps_the_tail_of_an_items_audio() -> None:
 class _Session:
     def __init__(self, sid: str, owner: str) -> None:
         self.id, self.owner, self.output_rate, self.closed = sid, owner, 24000, False
+        self.max_session_bytes = 32 << 20
+
+    def reserve_bytes(self, n: int) -> int:
+        return n
 
     async def close(self) -> None:
         self.closed = True
