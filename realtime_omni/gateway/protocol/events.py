@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -23,6 +24,12 @@ from realtime_omni.gateway.protocol.conversation import Item, Part, new_id
 
 MAX_EVENT_ID_CHARS = 512  # a client event's event_id: it comes back in the event's errors
 MAX_JSON_DEPTH = 64  # a client's JSON nests no deeper; OpenAI's objects (a tool's schema) less
+# A client's JSON holds no more values (arrays, objects, their members): parsing and walking
+# 2.8 million of them (8 MiB of `[[],...]`) took seconds, 50,000 take milliseconds; a session
+# with 128 tools of large schemas holds under 20,000.
+MAX_JSON_NODES = 50_000
+INLINE_JSON_BYTES = 32 << 10  # text up to this is parsed on the event loop, longer in a thread
+_SCAN_PIECE = 1 << 18  # characters counted at a time, so a thread's scan lets the loop run
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -36,10 +43,18 @@ class ProtocolError(OmniError):
 
 def loads(raw: str | bytes, what: str = "") -> Any:
     """A client's JSON text as values; `ProtocolError` (`invalid_json`) for text that is not
-    JSON, nests deeper than `MAX_JSON_DEPTH` (so nothing after recurses over it past Python's
-    stack: merging, checking, dumping) or holds a lone surrogate (`"\\ud800"`: no UTF-8 text
-    has one, and encoding it on the way out, to a client or a tokenizer, raises)."""
+    JSON, holds more than `MAX_JSON_NODES` values (counted before it is parsed), nests deeper
+    than `MAX_JSON_DEPTH` (so nothing after recurses over it past Python's stack: merging,
+    checking, dumping) or holds a lone surrogate (`"\\ud800"`: no UTF-8 text has one, and
+    encoding it on the way out, to a client or a tokenizer, raises). It takes milliseconds a
+    megabyte, and holds the GIL for them: from the event loop, use `loads_off_loop`."""
     where = f"{what}: " if what else ""
+    if len(raw) > MAX_JSON_NODES and json_values_at_most(raw) > MAX_JSON_NODES:
+        raise ProtocolError(
+            f"{where}JSON with more than {MAX_JSON_NODES} values (arrays, objects and their "
+            "members)",
+            code="invalid_json",
+        )
     try:
         value = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -64,6 +79,34 @@ def loads(raw: str | bytes, what: str = "") -> Any:
                 code="invalid_json",
             )
     return value
+
+
+async def loads_off_loop(raw: str | bytes, what: str = "") -> Any:
+    """`loads`, in a worker thread for text longer than `INLINE_JSON_BYTES`: a large message's
+    count, parse and walk must not stall every other call's audio."""
+    if len(raw) <= INLINE_JSON_BYTES:
+        return loads(raw, what)
+    return await asyncio.to_thread(loads, raw, what)
+
+
+def json_values_at_most(raw: str | bytes) -> int:
+    """At most how many values (arrays, objects, their members) JSON text holds, counted
+    outside its strings without parsing: each array or object is one, and its members are one
+    more than its commas. In pieces of `_SCAN_PIECE`, each a few C-speed passes, so a worker
+    thread counting 8 MiB lets the event loop run between them."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    n, inside, i = 1, False, 0
+    while i < len(text):
+        j = min(i + _SCAN_PIECE, len(text))
+        while j < len(text) and text[j - 1] == "\\":  # no escape is cut in two
+            j += 1
+        # Escaped backslashes and quotes out, the quotes left bound the strings.
+        parts = text[i:j].replace("\\\\", "").replace('\\"', "").split('"')
+        outside = "".join(parts[1::2] if inside else parts[0::2])
+        n += 2 * (outside.count("[") + outside.count("{")) + outside.count(",")
+        inside ^= len(parts) % 2 == 0  # an odd number of quotes: a string goes on
+        i = j
+    return n
 
 
 @dataclass(frozen=True)

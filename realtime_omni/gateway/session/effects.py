@@ -12,7 +12,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from realtime_omni.gateway.protocol.events import ProtocolError, decode_b64, error_event, parse_item
+from realtime_omni.gateway.protocol.events import (
+    INLINE_JSON_BYTES,
+    ProtocolError,
+    decode_b64,
+    error_event,
+    parse_item,
+)
 from realtime_omni.gateway.protocol.settings import Settings
 from realtime_omni.gateway.session.client_events import (
     AddItem,
@@ -42,7 +48,10 @@ async def handle_text(s: Session, raw: str, max_bytes: int) -> dict[str, Any] | 
     """`handle` one client message as a transport receives it (JSON text); the `error`
     event to send back when it is too big, not JSON, refused or failed, else None."""
     try:
-        event = read_event(raw, max_bytes)
+        if len(raw) > INLINE_JSON_BYTES:  # off the event loop: other calls' audio goes on
+            event = await asyncio.to_thread(read_event, raw, max_bytes)
+        else:
+            event = read_event(raw, max_bytes)
     except ProtocolError as e:
         return error(e)
     client_id = event.get("event_id") if isinstance(event, dict) else None  # read_event checked

@@ -35,7 +35,7 @@ from realtime_omni.gateway.protocol.events import (
     ProtocolError,
     checked_event_id,
     event_id,
-    loads,
+    loads_off_loop,
 )
 from realtime_omni.gateway.protocol.live import (
     LiveError,
@@ -124,7 +124,7 @@ class LiveCall:
             return [live_error(LiveError(f"a message is at most {limit} bytes", code="too_large"))]
         client_event_id = None
         try:
-            ev = loads(raw, "the event")
+            ev = await loads_off_loop(raw, "the event")
             client_event_id = checked_event_id(ev)
             audio = isinstance(ev, dict) and ev.get("type") == "session.input_audio.append"
             if audio and self.audio_on_track:
@@ -240,8 +240,9 @@ async def _refuse(ws: WebSocket, e: ProtocolError, client_event_id: Any, code: i
         await ws.close(code=code, reason=e.code.replace("_", " "))
 
 
-async def _first_message(ws: WebSocket) -> dict[str, Any]:
-    """The `session.start` that must come first; `LiveError` for anything else."""
+async def _first_message(ws: WebSocket, max_bytes: int) -> dict[str, Any]:
+    """The `session.start` that must come first, of at most `max_bytes` (as every message);
+    `LiveError` for anything else."""
     try:
         msg = await within(ws.receive(), START_TIMEOUT_S)
     except TimeoutError:
@@ -250,7 +251,10 @@ async def _first_message(ws: WebSocket) -> dict[str, Any]:
         ) from None
     if msg["type"] == "websocket.disconnect":
         raise WebSocketDisconnect()
-    ev = loads(msg.get("text") or (msg.get("bytes") or b"").decode("utf-8", "replace"), "event")
+    raw = message_text(msg)
+    if len(raw) > max_bytes:
+        raise LiveError(f"a message is at most {max_bytes} bytes", code="too_large")
+    ev = await loads_off_loop(raw, "event")
     if not isinstance(ev, dict) or ev.get("type") != "session.start":
         raise LiveError(
             "the first message must be session.start", code="session_not_started", param="type"
@@ -265,7 +269,7 @@ async def live_endpoint(ws: WebSocket) -> None:
     await ws.accept()
     start_id = None
     try:
-        start = await _first_message(ws)
+        start = await _first_message(ws, gw.config.max_message_bytes)
         start_id = checked_event_id(start)
         config = parse_start(start.get("session"), gw.voices)
     except WebSocketDisconnect:

@@ -219,7 +219,8 @@ async def create_session(request: Request) -> Response:
     registry: dict[str, Any] = request.app.state.live
     grant = grant_of(request.scope)
     try:
-        config, sdp = _parse(await read_bytes(request, MAX_BODY), gw)
+        raw = await read_bytes(request, MAX_BODY)
+        config, sdp = await asyncio.to_thread(_parse, raw, gw)  # a megabyte: off the loop
         settings = merge(grant.session or {}, config.realtime_session())
 
         def make(calls: WebRtcCalls, session: Session) -> WebRtcCall:

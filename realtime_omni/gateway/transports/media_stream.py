@@ -55,7 +55,7 @@ from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.media import audio
-from realtime_omni.gateway.protocol.events import ProtocolError, loads
+from realtime_omni.gateway.protocol.events import ProtocolError, loads_off_loop
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports import phone, signatures
 from realtime_omni.gateway.transports.dialects import DIALECTS, BadMessage, Dialect, Inbound, Start
@@ -215,7 +215,7 @@ class PhoneCall:
             try:
                 if len(raw) > self.config.max_message_bytes:
                     raise BadMessage(f"message of {len(raw)} bytes is over the limit")
-                data = loads(raw)
+                data = await loads_off_loop(raw)
                 if not isinstance(data, dict):
                     raise BadMessage("a message must be a JSON object")
                 return self.dialect.parse(data)

@@ -36,7 +36,7 @@ from starlette.routing import Route
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.config import merge
 from realtime_omni.gateway.media.echo_canceller import EchoCanceller
-from realtime_omni.gateway.protocol.events import ProtocolError, loads
+from realtime_omni.gateway.protocol.events import ProtocolError, loads_off_loop
 from realtime_omni.gateway.protocol.session_update import apply_session_update
 from realtime_omni.gateway.protocol.settings import SESSION_TYPES, Settings, new_settings
 from realtime_omni.gateway.transports.webrtc import (
@@ -80,7 +80,7 @@ async def client_secrets(request: Request) -> Response:
     """Mint a client secret (a secret never reaches this route: `auth.may_reach`)."""
     gw: Host = request.app.state.gateway
     try:
-        data = loads(await read_bytes(request, MAX_CALL_BODY) or b"{}", "the body")
+        data = await loads_off_loop(await read_bytes(request, MAX_CALL_BODY) or b"{}", "the body")
     except SignallingError as e:
         return e.response()
     except ProtocolError as e:
@@ -145,7 +145,7 @@ async def create_call(request: Request) -> Response:
                 raise SignallingError(400, "the form has no `sdp` field", "invalid_sdp")
             sdp = fields["sdp"]
             try:
-                session = loads(fields.get("session") or "{}", "`session`")
+                session = await loads_off_loop(fields.get("session") or "{}", "`session`")
             except ProtocolError as e:
                 raise SignallingError(400, str(e), "invalid_json") from None
             _check_settings(gw, session, "session")

@@ -55,7 +55,7 @@ from realtime_omni.aio import within
 from realtime_omni.errors import OmniError
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.host import admit, release
-from realtime_omni.gateway.protocol.events import ProtocolError, error_event, loads
+from realtime_omni.gateway.protocol.events import ProtocolError, error_event, loads_off_loop
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports.channel import EventChannel
 from realtime_omni.gateway.transports.ice import rtc_configuration, use_host_addresses
@@ -422,7 +422,7 @@ async def offer_endpoint(request: Request) -> Response:
     try:
         raw = await read_body(request)
         try:
-            data = loads(raw, "the body")
+            data = await loads_off_loop(raw, "the body")
         except ProtocolError as e:
             raise SignallingError(400, str(e), "invalid_json") from None
         if not isinstance(data, dict) or data.get("type") != "offer":

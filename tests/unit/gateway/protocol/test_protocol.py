@@ -1,10 +1,16 @@
+import json
+
 import pytest
 
+from realtime_omni.gateway.protocol import events
 from realtime_omni.gateway.protocol.events import (
+    MAX_JSON_NODES,
     PCM16,
     ProtocolError,
     error_event,
     for_beta,
+    json_values_at_most,
+    loads,
     parse_item,
 )
 from realtime_omni.gateway.protocol.session_update import apply_session_update as apply_with_errors
@@ -276,3 +282,39 @@ def test_response_metadata_is_up_to_16_string_pairs() -> None:
         with pytest.raises(ProtocolError) as e:
             parse_metadata(bad, "response.metadata")
         assert e.value.param == "response.metadata"
+
+
+def test_json_past_the_value_cap_is_refused_before_it_is_parsed() -> None:
+    import time
+
+    many = "[" + ",".join(["[]"] * 500_000) + "]"  # 1.5 MB: its parse and walk took 0.7 s
+    start = time.perf_counter()
+    with pytest.raises(ProtocolError) as e:
+        loads(many, "the event")
+    assert e.value.code == "invalid_json" and f"{MAX_JSON_NODES} values" in str(e.value)
+    assert time.perf_counter() - start < 0.5
+    # What looks like structure inside a string is text: no false refusal.
+    text = {"type": "x", "text": '[{a, "b"}],\\' * 100_000}
+    assert loads(json.dumps(text)) == text
+    assert loads(json.dumps(text).encode()) == text
+    assert json_values_at_most(json.dumps(text)) == 4
+
+
+def test_the_value_count_never_undercounts_whatever_the_strings_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def values(v: object) -> int:
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, list) else []
+        return 1 + sum(values(x) for x in inner)
+
+    odd = ['a,b[{"\\', '"q, [x]"', "\\", "\\\\", '\\"', "{}", ",,,", ""]
+    docs = [
+        {"k,[": odd, "v": [[], [odd, {"\\": {}}], 1, None]},
+        [odd, [odd, odd], {"\"'": [{}, [], ""]}],
+        {f'k{i}"': [i, str(i) * i, "]" * i] for i in range(40)},
+    ]
+    for piece in (1, 2, 3, 5, 1 << 18):  # escapes and strings across the pieces' bounds
+        monkeypatch.setattr(events, "_SCAN_PIECE", piece)
+        for doc in docs:
+            raw = json.dumps(doc)
+            assert values(doc) <= json_values_at_most(raw) <= 3 * values(doc)

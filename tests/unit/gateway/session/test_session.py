@@ -342,6 +342,32 @@ def test_a_client_message_as_text_gives_back_the_error_to_send() -> None:
     run(body())
 
 
+def test_a_large_client_message_is_parsed_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from realtime_omni.gateway.session import effects
+
+    parsed_on: list[threading.Thread] = []
+
+    def read_event(raw: str, max_bytes: int) -> Any:
+        parsed_on.append(threading.current_thread())
+        return json.loads(raw)
+
+    async def body() -> None:
+        monkeypatch.setattr(effects, "read_event", read_event)
+        s = Session(FakeCoord(chunks=1))
+        small = {"type": "input_audio_buffer.clear"}
+        large = {"type": "input_audio_buffer.clear", "padding": "x" * (64 << 10)}
+        assert await s.handle_text(json.dumps(small), 1 << 20) is None
+        assert await s.handle_text(json.dumps(large), 1 << 20) is None
+        assert parsed_on[0] is threading.main_thread()
+        assert parsed_on[1] is not threading.main_thread()
+
+    run(body())
+
+
 def test_a_client_event_id_past_512_characters_is_refused_and_not_echoed() -> None:
     async def body() -> None:
         s = Session(FakeCoord(chunks=1))

@@ -298,6 +298,16 @@ def test_the_websocket_refuses_by_name_and_closes() -> None:
         assert not srv.gw.sessions
 
 
+def test_a_session_start_past_max_message_bytes_is_refused_unread() -> None:
+    with gateway_server(max_message_bytes=4096) as srv:
+        with srv.websocket("/v1/live/sessions") as ws:
+            big = {**START, "instructions": "x" * 5000}
+            ws.send(json.dumps({"type": "session.start", "event_id": "s", "session": big}))
+            err = recv_json(ws)["error"]
+            assert err["code"] == "too_large" and "4096" in err["message"]
+        assert not srv.gw.sessions
+
+
 def test_a_live_event_id_past_512_characters_is_refused_and_not_echoed() -> None:
     with gateway_server() as srv:
         with srv.websocket("/v1/live/sessions") as ws:
