@@ -90,8 +90,15 @@ class PhoneConfig(_Strict):
     max_pending_streams: int = Field(
         16,
         gt=0,
-        description="media streams connected and waiting for their `start` at once (not yet "
-        "authenticated); more are closed at once (1013, try again later)",
+        description="media streams connected and waiting for their `start` at once, counted "
+        "twice: those that showed a credential (a token, the provider's signature) and those "
+        "that did not, each up to this; more are closed at once (1013, try again later)",
+    )
+    max_pending_streams_per_address: int = Field(
+        8,
+        gt=0,
+        description="of the streams that showed no credential, how many one address may hold "
+        "waiting for their `start` at once (behind a proxy every stream has the proxy's)",
     )
     twilio_auth_token_env: str = Field(
         "TWILIO_AUTH_TOKEN",

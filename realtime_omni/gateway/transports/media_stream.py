@@ -20,9 +20,13 @@ audio. `dtmf` goes to the session as an event. A call with neither speech nor an
 `idle_timeout_s` gets a short goodbye, then the WebSocket closes (the provider ends the call).
 
 Bad input (not JSON, an unknown event, bad base64, `media` before `start`, a second `start`) is
-logged and dropped; the call goes on. Before `start` a stream has shown no token (Twilio's comes
-in it): at most `phone.max_pending_streams` such streams wait at once, and a message larger
-than `phone.max_start_bytes` ends one. The voice webhook's body is read up to
+logged and dropped; the call goes on. Streams waiting for their `start` are bounded
+(`pending_refusal`): those that showed a credential (a token in the URL, or the provider's
+signature on the upgrade) and those that did not (a Twilio stream's token comes in `start`;
+with no API keys set nothing is shown) each up to `phone.max_pending_streams`, the latter also
+up to `phone.max_pending_streams_per_address` from one address, so streams nobody vouched for
+never take a credentialed stream's place. Before `start` a message larger than
+`phone.max_start_bytes` ends a stream. The voice webhook's body is read up to
 `MAX_WEBHOOK_BYTES`. With a provider's auth token set (`phone.twilio_auth_token_env`,
 `phone.plivo_auth_token_env`) only what it signed is taken: Twilio's webhook and stream
 upgrades, Plivo's stream upgrades; Telnyx signs no stream upgrade (`signatures.py` says what
@@ -67,6 +71,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 TICK_S = 0.02
+Waiting = tuple[bool, str]  # a stream waiting for `start`: (credentialed, its address)
 MAX_MARKS = 3000  # marks awaiting their echo (a minute of 20 ms reads); older ones are dropped
 MAX_LOGGED = 5  # bad messages logged per call; the rest are counted
 MAX_WEBHOOK_BYTES = 64 << 10  # a voice webhook's form: Twilio's is about 1 KB
@@ -114,8 +119,11 @@ class Heard:
 class PhoneCall:
     """One media-stream WebSocket: the provider's protocol around one `Session`."""
 
-    def __init__(self, ws: WebSocket, gw: Host, dialect: Dialect) -> None:
+    def __init__(
+        self, ws: WebSocket, gw: Host, dialect: Dialect, waiting: Waiting = (False, "")
+    ) -> None:
         self.ws, self.gw, self.dialect = ws, gw, dialect
+        self.waiting = waiting  # (credentialed, address): its place until `start`
         self.name = dialect.name
         self.config: PhoneConfig = gw.config.phone
         self.start: Start | None = None
@@ -363,6 +371,20 @@ class PhoneCall:
         }
 
 
+def pending_refusal(waiting: list[Waiting], new: Waiting, config: PhoneConfig) -> str | None:
+    """Why a stream may not wait for its `start` beside `waiting`, None: it may. Each is
+    (credentialed, address); streams with a credential and streams without count apart, so
+    the ones nobody vouched for (anyone can open a socket) never crowd out the others."""
+    credentialed, address = new
+    same = [a for c, a in waiting if c == credentialed]
+    if len(same) >= config.max_pending_streams:
+        kind = "with" if credentialed else "without"
+        return f"{len(same)} streams {kind} a credential are waiting for `start` already"
+    if not credentialed and same.count(address) >= config.max_pending_streams_per_address:
+        return f"{address or 'its address'} holds {same.count(address)} streams waiting already"
+    return None
+
+
 class PhoneCalls:
     """The live media-stream calls of one gateway."""
 
@@ -379,13 +401,18 @@ class PhoneCalls:
             log.warning("%s stream refused: %s", dialect.name, why)
             await ws.close(code=1008, reason="the provider's signature does not match")
             return
-        # Streams before `start` have shown no token yet: a bounded few may wait at once.
-        waiting = sum(1 for c in self.live if c.session is None)
-        if waiting >= self.gw.config.phone.max_pending_streams:
-            log.warning("%s stream refused: too many streams waiting for `start`", dialect.name)
+        config = self.gw.config.phone
+        grant = grant_of(ws.scope)
+        credentialed = grant.kind in ("key", "secret") or signatures.signs_upgrades(
+            dialect.name, config
+        )
+        place: Waiting = (credentialed, ws.client.host if ws.client else "")
+        waiting = [c.waiting for c in self.live if c.session is None]
+        if (why := pending_refusal(waiting, place, config)) is not None:
+            log.warning("%s stream refused: %s", dialect.name, why)
             await ws.close(code=1013, reason="too many streams waiting to start")
             return
-        call = PhoneCall(ws, self.gw, dialect)
+        call = PhoneCall(ws, self.gw, dialect, place)
         self.live.add(call)
         try:
             await call.run()

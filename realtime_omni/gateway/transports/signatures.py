@@ -137,6 +137,14 @@ def plivo_signature_ok(token: str, url: str, nonce: str | None, given: Iterable[
     return _matches((plivo_signature(token, u, nonce) for u in spelt), signatures)
 
 
+def signs_upgrades(provider: str, config: PhoneConfig) -> bool:
+    """Whether `upgrade_refusal` checks this provider's stream upgrades (its token is set): a
+    stream it let in then came from the account's provider."""
+    if provider == "twilio":
+        return config.twilio_auth_token() is not None
+    return provider == "plivo" and config.plivo_auth_token() is not None
+
+
 def upgrade_refusal(provider: str, conn: HTTPConnection, config: PhoneConfig) -> str | None:
     """Why a media stream's WebSocket upgrade is refused: the provider's auth token is set and
     the upgrade's signature is missing or not over the URL it was sent to. None: let it in

@@ -12,6 +12,8 @@ from urllib.parse import parse_qs
 import pytest
 import websockets
 
+from realtime_omni.gateway.config import PhoneConfig
+from realtime_omni.gateway.transports.media_stream import pending_refusal
 from realtime_omni.gateway.transports.signatures import (
     plivo_signature,
     plivo_signature_ok,
@@ -165,6 +167,35 @@ def test_few_streams_may_wait_for_start_and_only_small_messages_before_it() -> N
         with srv.websocket("/v1/phone/twilio"):  # its place is free again
             pass
         waiting[1].close()
+
+
+def test_streams_without_a_credential_never_crowd_out_those_with_one() -> None:
+    config = PhoneConfig(max_pending_streams=3, max_pending_streams_per_address=2)
+    anon = [(False, "198.51.100.7")] * 2 + [(False, "203.0.113.9")]
+    assert pending_refusal(anon, (True, "192.0.2.1"), config) is None  # a key's stream
+    assert pending_refusal(anon, (False, "192.0.2.1"), config) is not None  # 3 without
+    assert pending_refusal(anon[:2], (False, "198.51.100.7"), config) is not None  # 2 from one
+    assert pending_refusal(anon[:2], (False, "203.0.113.9"), config) is None
+    keyed = [(True, "192.0.2.1")] * 3
+    assert pending_refusal(keyed, (True, "192.0.2.2"), config) is not None
+    assert pending_refusal(keyed, (False, "192.0.2.2"), config) is None
+
+
+def test_idle_sockets_without_a_token_block_no_stream_that_shows_one() -> None:
+    with gateway_server(keys=KEY, phone={"max_pending_streams": 2}) as srv:
+        # Telnyx and Plivo carry their token in the URL: none, no deferral, refused at once.
+        assert refused(srv, "/v1/phone/telnyx", {}) == 403
+        assert refused(srv, "/v1/phone/plivo", {}) == 403
+        idle = [srv.websocket("/v1/phone/twilio") for _ in range(2)]  # token due in `start`
+        assert refused(srv, "/v1/phone/twilio", {}) == 403  # their budget is spent
+        assert refused(srv, f"/v1/phone/telnyx?token={KEY}", {}) == 0  # not this one's
+        assert refused(srv, "/v1/phone/twilio", bearer(KEY)) == 0
+        for ws in idle:
+            ws.close()
+    phone = {"max_pending_streams_per_address": 1}
+    with gateway_server(keys=KEY, phone=phone) as srv, srv.websocket("/v1/phone/twilio"):
+        assert refused(srv, "/v1/phone/twilio", {}) == 403  # one address: one at a time
+        assert refused(srv, f"/v1/phone/plivo?token={KEY}", {}) == 0
 
 
 def stream_with(srv: Served, token: str) -> Any:
