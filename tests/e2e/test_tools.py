@@ -48,6 +48,10 @@ def server(record: Path) -> Iterator[str]:
     thinker = cfg["stages"]["thinker"]
     thinker["executor"] = "tests.e2e.executors:ScriptedThinker"
     thinker["params"].update(call=CALL, answer=ANSWER, record_to=str(record))
+    # Random talker weights never end an answer: each runs to max_frames, and a WebSocket client
+    # takes it in real time. 60 frames (4.8 s) still outlast every interruption here, at a
+    # third of the tiny config's 200 (16 s an answer).
+    cfg["stages"]["talker_ar"]["params"]["max_frames"] = 60
     path = record.with_name("tools.yaml")
     path.write_text(yaml.safe_dump(cfg))
     with serving("--max-sessions", "2", config=path) as url:
