@@ -201,7 +201,7 @@ class PhoneCall:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.session is not None:
                 await release(self.gw, self.session)
-                log.info("%s call %s ended", self.dialect.name, self.start and self.start.call_id)
+                log.info("%s call %r ended", self.dialect.name, self.start and self.start.call_id)
             with contextlib.suppress(Exception):
                 await self.ws.close()
 
@@ -233,7 +233,7 @@ class PhoneCall:
     def _bad_message(self, why: str) -> None:
         self._bad += 1
         if self._bad <= MAX_LOGGED:
-            log.warning("%s stream: dropped a bad message: %s", self.dialect.name, why)
+            log.warning("%s stream: dropped a bad message: %r", self.dialect.name, why)
         elif self._bad == MAX_LOGGED + 1:
             log.warning("%s stream: more bad messages; no longer logged", self.dialect.name)
 
@@ -261,12 +261,12 @@ class PhoneCall:
             grant = gw.auth.check(start.parameters.get("token"))
         if grant is None or (grant.kind == "secret" and grant.purpose != "phone"):
             log.warning(
-                "%s call %s refused: no valid `token` stream parameter (the server has API keys)",
+                "%s call %r refused: no valid `token` stream parameter (the server has API keys)",
                 self.dialect.name, start.call_id,
             )  # fmt: skip
             return False
         if (refused := gw.refusal(grant)) is not None:
-            log.warning("%s call %s refused: %s", self.dialect.name, start.call_id, refused[0])
+            log.warning("%s call %r refused: %s", self.dialect.name, start.call_id, refused[0])
             return False
         self.start = start
         if start.codec == "alaw":
@@ -277,7 +277,7 @@ class PhoneCall:
         s.on_pause = self._on_pause
         self.session = s
         await s.start()
-        log.info("%s call %s: stream %s", self.dialect.name, start.call_id, start.stream_id)
+        log.info("%s call %r: stream %r", self.dialect.name, start.call_id, start.stream_id)
         await phone.apply_settings(s, self.config, self.name, start.parameters)
         return True
 
@@ -448,7 +448,10 @@ async def twilio_voice(request: Request) -> Response:
         url = signatures.public_url(request, config)
         signed = request.headers.get("x-twilio-signature")
         if not signatures.twilio_signature_ok(token, url, form, signed):
-            log.warning("twilio webhook refused: X-Twilio-Signature does not match %s", url)
+            log.warning(
+                "twilio webhook refused: X-Twilio-Signature does not match %s",
+                signatures.for_log(url),
+            )
             return SignallingError(403, "X-Twilio-Signature does not match", "forbidden").response()
     fields = (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
     params = {k: form.get(f, [""])[0] for k, f in fields}

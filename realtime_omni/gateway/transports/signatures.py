@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 from collections.abc import Iterable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -71,13 +72,24 @@ def public_url(conn: HTTPConnection, config: PhoneConfig) -> str:
     return f"{scheme}://{host}{conn.url.path}" + (f"?{query}" if query else "")
 
 
+def for_log(url: str) -> str:
+    """`url` fit for a log line: its `token` (an API key or a stream's secret) hidden, quoted
+    (a Host header or a path is the client's: no raw control characters reach the log)."""
+    query = re.sub(r"(^|&)token=[^&]*", r"\1token=<hidden>", urlsplit(url).query)
+    return repr(urlunsplit(urlsplit(url)._replace(query=query)))
+
+
 def _spellings(url: str) -> set[str]:
     """`url` as given, without its port and with its scheme's default port: which one a
-    provider signs depends on how the URL was written where it was configured."""
+    provider signs depends on how the URL was written where it was configured. Only as given
+    when its host does not parse (`Host: localhost:99999`): no signature will match it."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
+    try:
+        host = parts.hostname or ""
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return {url}
     host = f"[{host}]" if ":" in host else host
-    port = parts.port or DEFAULT_PORTS.get(parts.scheme)
     return {
         url,
         parts._replace(netloc=host).geturl(),
@@ -153,10 +165,10 @@ def upgrade_refusal(provider: str, conn: HTTPConnection, config: PhoneConfig) ->
     if provider == "twilio" and (token := config.twilio_auth_token()) is not None:
         url = public_url(conn, config)
         if not twilio_signature_ok(token, url, {}, headers.get("x-twilio-signature")):
-            return f"X-Twilio-Signature does not match {url}"
+            return f"X-Twilio-Signature does not match {for_log(url)}"
     if provider == "plivo" and (token := config.plivo_auth_token()) is not None:
         url = public_url(conn, config)
         given = headers.getlist("x-plivo-signature-v3") + headers.getlist("x-plivo-signature-ma-v3")
         if not plivo_signature_ok(token, url, headers.get("x-plivo-signature-v3-nonce"), given):
-            return f"X-Plivo-Signature-V3 does not match {url}"
+            return f"X-Plivo-Signature-V3 does not match {for_log(url)}"
     return None

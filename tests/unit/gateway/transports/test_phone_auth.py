@@ -126,6 +126,31 @@ def test_the_voice_webhook_takes_only_requests_twilio_signed() -> None:
         assert srv.request("POST", path, changed, {**kind, "X-Twilio-Signature": good})[0] == 403
 
 
+def test_a_bad_host_is_refused_and_a_refusal_logs_no_key(caplog: pytest.LogCaptureFixture) -> None:
+    env = {TOKEN_ENV: "twilio-auth-token"}
+    with gateway_server(keys=KEY, env=env, phone={"twilio_auth_token_env": TOKEN_ENV}) as srv:
+        path = f"/v1/phone/twilio/voice?token={KEY}"
+        kind = {"Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": "x"}
+        for host in ("localhost:99999", "[::1", "localhost:port"):  # a 500 and a traceback
+            status, _, _ = srv.request("POST", path, b"CallSid=1", {**kind, "Host": host})
+            assert status in (400, 403)  # 400: the server's HTTP parser refused the host
+        # a stream upgrade is refused as well, and neither log holds the key
+        ws_headers = {"X-Twilio-Signature": "x"}
+        assert refused(srv, f"/v1/phone/twilio?a=1&token={KEY}", ws_headers) == 403
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("realtime"))
+    assert "does not match" in logged and KEY not in logged and "a=1&token=<hidden>" in logged
+
+
+def test_a_call_id_reaches_the_log_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    forged = json.loads(start("not-a-token"))
+    forged["start"]["callSid"] = "CA1\nERROR forged line"
+    with gateway_server(keys=KEY) as srv, srv.websocket("/v1/phone/twilio") as ws:
+        ws.send(json.dumps(forged))
+        with pytest.raises(websockets.ConnectionClosed):
+            ws.recv(timeout=timeout(5))
+    assert "refused" in caplog.text and "\nERROR forged line" not in caplog.text
+
+
 def test_a_webhook_body_is_read_with_a_limit() -> None:
     with gateway_server(keys=KEY) as srv:
         path = f"/v1/phone/twilio/voice?token={KEY}"
