@@ -8,7 +8,7 @@ late payload released at once and dropped.
 
 from __future__ import annotations
 
-import traceback
+import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +19,7 @@ from realtime_omni.pipeline.executor import Emit, Executor, Holds
 
 Release = Callable[[], None]
 Payload = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -137,6 +138,7 @@ class Stage:
                 victims = [error.request_id] if error.request_id in self.started else []
             else:
                 victims = sorted(self.started)
+            _log(self.name, victims, error)
             for r in victims:
                 self.fail(r, _describe(error))
             return []
@@ -187,6 +189,7 @@ class Stage:
         try:
             self.executor.abort(rid)
         except Exception as e:
+            _log(self.name, [rid], e)
             self.failures.append((rid, f"abort failed: {_describe(e)}"))
 
     def fail(self, rid: str, message: str) -> None:
@@ -199,6 +202,7 @@ class Stage:
             fn(*args)
             return True
         except Exception as e:
+            _log(self.name, [rid], e)
             self.fail(rid, _describe(e))
             return False
 
@@ -210,6 +214,13 @@ class Stage:
 
 
 def _describe(e: BaseException) -> str:
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-    return f"{type(e).__name__}: {e}{where}"
+    """What the request's caller is told: the error's type and words, never where in the
+    server's files it was raised (that goes to the stage's log, `_log`)."""
+    return f"{type(e).__name__}: {e}"
+
+
+def _log(stage: str, rids: list[str], e: BaseException) -> None:
+    """An executor's own refusal (`ExecutorError`) in a line; anything else with its traceback."""
+    trace = None if isinstance(e, ExecutorError) else e
+    who = ", ".join(rids) or "no request"
+    log.warning("stage %s: %s failed: %s", stage, who, _describe(e), exc_info=trace)
