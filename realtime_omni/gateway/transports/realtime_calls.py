@@ -155,7 +155,17 @@ async def create_call(request: Request) -> Response:
             )
         if len(sdp.encode()) > MAX_OFFER_BYTES:
             raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
-        settings = merge(grant.session or {}, session if isinstance(session, dict) else {})
+        session = session if isinstance(session, dict) else {}
+        bound = (grant.session or {}).get("type")
+        if bound is not None and session.get("type", bound) != bound:
+            # A secret minted for transcription must not start an answering session.
+            raise SignallingError(
+                400,
+                f"session.type: this client secret's session is a {bound} session; a call it "
+                "starts cannot change its type",
+                "invalid_session",
+            )
+        settings = merge(grant.session or {}, session)
         call, answer = await calls.create(sdp, settings, grant)
     except SignallingError as e:
         return e.response()

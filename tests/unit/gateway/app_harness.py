@@ -201,3 +201,16 @@ def gateway_server(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def multipart(sdp: str, session: bytes, boundary: str = "b0undary") -> tuple[bytes, str]:
+    """A POST /v1/realtime/calls body as OpenAI's clients send it: the offer and the session
+    as form fields; and its content type."""
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n{sdp}\r\n'.encode(),
+        f'--{boundary}\r\nContent-Disposition: form-data; name="session"\r\n\r\n'.encode()
+        + session
+        + b"\r\n",
+        f"--{boundary}--\r\n".encode(),
+    ]
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"

@@ -14,6 +14,7 @@ from tests.unit.gateway.app_harness import (
     Served,
     bearer,
     gateway_server,
+    multipart,
     offer,
     recv_json,
     refused,
@@ -122,6 +123,23 @@ def test_every_call_a_secret_starts_has_its_session_and_one_place() -> None:
         assert len(srv.gw.sessions) == 3  # each secret held one place, and the key gets its own
         with srv.websocket("/v1/realtime", bearer(KEY)) as ws:
             assert recv_json(ws)["type"] == "session.created"
+
+
+def test_a_transcription_secret_cannot_start_an_answering_call() -> None:
+    sdp = offer()
+    with gateway_server(keys=KEY, max_sessions=8) as srv:
+        for asked, status in (("realtime", 400), ("transcription", 201), (None, 201)):
+            secret = mint(srv, {"type": "transcription"})
+            session = {} if asked is None else {"type": asked}
+            body, kind = multipart(sdp, json.dumps(session).encode())
+            headers = {**bearer(secret), "Content-Type": kind}
+            got, headers, raw = srv.request("POST", "/v1/realtime/calls", body, headers)
+            assert got == status, raw
+            if status == 400:
+                assert b"invalid_session" in raw and b"transcription session" in raw
+            else:
+                call = call_of(srv, headers["location"])
+                assert call.session.settings.type == "transcription"
 
 
 def test_a_secret_may_end_and_watch_its_own_call_only() -> None:

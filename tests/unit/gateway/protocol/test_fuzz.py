@@ -13,7 +13,7 @@ import pytest
 
 from realtime_omni.gateway.session.driver import Session
 from tests.conftest import run
-from tests.unit.gateway.app_harness import gateway_server, offer
+from tests.unit.gateway.app_harness import gateway_server, multipart, offer
 from tests.unit.gateway.fakes import FakeCoord
 
 KEY = "sk-fuzz-0123"
@@ -96,17 +96,6 @@ def raw_bodies(rng: random.Random, sdp: str) -> list[bytes]:
         b"v=0\r\nm=" + b"audio 9 RTP/AVP 0\r\nm=" * 50 + b"x\r\n",
         b"CallSid=" + "é".encode() * 50 + b"&From=%ZZ&To",
     ]
-
-
-def multipart(sdp: str, session: bytes, boundary: str = "b0undary") -> tuple[bytes, str]:
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n{sdp}\r\n'.encode(),
-        f'--{boundary}\r\nContent-Disposition: form-data; name="session"\r\n\r\n'.encode()
-        + session
-        + b"\r\n",
-        f"--{boundary}--\r\n".encode(),
-    ]
-    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 HEADERS: list[dict[str, str | bytes]] = [
