@@ -1,6 +1,6 @@
-"""benchmarks/abort.py, concurrency.py, first_audio.py, gc_pause.py and vocoder_shapes.py run
-end to end with a handful of requests (or passes) and write their JSON (its shape is checked,
-not its numbers)."""
+"""benchmarks/abort.py, concurrency.py, first_audio.py, gc_pause.py, kv_pressure.py and
+vocoder_shapes.py run end to end with a handful of requests (or passes) and write their JSON
+(its shape is checked, not its numbers)."""
 
 from __future__ import annotations
 
@@ -183,3 +183,16 @@ def test_gateway_soak_benchmark_leaves_nothing_behind(tmp_path: Path) -> None:
     assert data["kills"] == 2 and len(data["segments"]) == 3, data
     assert data["not_refused"] == 0 and set(data["refused"]) == {"form", "pixels", "fast", "offer"}
     assert all(n >= 1 for n in data["refused"].values()), data
+
+
+def test_kv_pressure_benchmark_kills_no_running_answer(tmp_path: Path) -> None:
+    """benchmarks/kv_pressure.py, briefly: 6 callers at once into pools for one answer each
+    stage; its JSON has exactly the documented keys, and every answer started completes."""
+    args = ("--callers", "6", "--answers", "1", "--arrive-s", "0.5", "--max-tokens", "12")
+    args += ("--no-baseline",)
+    data, stdout = bench("kv_pressure.py", *args, "--json", str(tmp_path / "kv.json"), limit_s=120)
+    assert set(data) == {"answers_started", "answers_completed", "running_answers_killed",
+                         "refused", "waited_ms_p99", "evictions"}  # fmt: skip
+    assert data["running_answers_killed"] == 0 and data["refused"] == 0, stdout
+    assert data["answers_started"] == data["answers_completed"] == 6, stdout
+    assert "no running answer killed, every admitted answer completes: True" in stdout
