@@ -138,7 +138,7 @@ async def until_ready(coord: Coordinator, limit_s: float = 180.0) -> None:
     """Until every stage process is up again; an error if one cannot be (its actor could not
     start it) or after `limit_s`."""
     deadline = time.monotonic() + limit_s
-    while not coord.ready:
+    while coord.degraded:  # not `ready`: that holds while a replica serves for the lost one
         if coord.supervisor.broken or time.monotonic() > deadline:
             why = coord.supervisor.broken or "too slow"
             raise RuntimeError(f"the pipeline did not come back: {why}")

@@ -124,7 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         took = time.monotonic() - t0
         await asyncio.sleep(0.2)  # a last death is seen within 50 ms
-        while not coord.ready:  # and its restart
+        while coord.degraded:  # and its restart
             await asyncio.sleep(0.05)
         await (await coord.submit({"max_tokens": 4})).collect()  # it serves after all that
         after = await resources(coord)

@@ -221,11 +221,14 @@ async def _prometheus(request: Request) -> Response:
 
 
 async def _ready(request: Request) -> Response:
-    """200 while every stage process is up and ready; 503 while one is down or restarting, and
-    from the moment a SIGTERM starts the drain (a load balancer then sends no new calls)."""
+    """200 while new calls are served: every stage has a process up (a lost replica whose
+    group has another is `degraded`, named in `down`, and still ready); 503 while a stage has
+    none (its only process restarting), and from the moment a SIGTERM starts the drain (a load
+    balancer then sends no new calls)."""
     gw: Gateway = request.app.state.gateway
     ready = gw.coord is not None and gw.coord.ready and not gw.draining
-    body = {"ready": ready, "draining": gw.draining}
+    down = gw.coord.degraded if gw.coord is not None else {}
+    body = {"ready": ready, "draining": gw.draining, "degraded": bool(down), "down": down}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -270,6 +273,9 @@ async def _stats(request: Request) -> Response:
             "gc_frozen": {"gateway": request.app.state.gc_frozen, **frozen},
             "gateway_process": _process_stats(),
             "pids": {p: gw.coord.pid_of(p) for p in gw.coord.graph.local_processes()},
+            # stage processes down now (restarting, a lost node's) and why, served or not by
+            # a replica of their group meanwhile
+            "down": gw.coord.degraded,
             "spares_loaded": gw.coord.spares_loaded(),
             "sip": request.app.state.sip.status() if request.app.state.sip else None,
         }

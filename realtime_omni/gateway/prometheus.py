@@ -7,7 +7,8 @@ steps made since the previous scrape, of the last 512 a stage keeps) and the ste
 counter: below the step time's sum when the stages wait for the cores), requests held; per edge,
 credits in use and messages waiting (received, not yet taken by the stage; emitted, not yet sent
 for want of credit); per stage with a KV cache, its pool's blocks in use and in all and the kept
-sessions evicted for room (since each process started); per process, restarts; per transport,
+sessions evicted for room (since each process started); per process, restarts and whether it is
+up (a 0 beside its replica's 1: degraded, still serving); per transport,
 live sessions; WebRTC output frames sent and late. A stage that makes more than 512 steps between
 two scrapes loses the oldest from its histograms (scrape every few seconds).
 """
@@ -75,6 +76,11 @@ class Exporter:
         self.restarts = Gauge(
             "rto_process_restarts", "Restarts of a stage process", ["process"], registry=r
         )
+        self.up = Gauge(
+            "rto_process_up", "1 while a stage process is up, 0 while it is down (restarting, "
+            "a lost node's); a 0 beside a replica's 1 is a degraded but serving pipeline",
+            ["process"], registry=r,
+        )  # fmt: skip
         self.sessions = Gauge("rto_sessions", "Live sessions", ["transport"], registry=r)
         self.in_flight = Gauge("rto_requests_in_flight", "Pipeline requests", registry=r)
         self.frames = Counter("rto_webrtc_frames", "WebRTC output frames sent", registry=r)
@@ -132,8 +138,10 @@ class Exporter:
             self.kv_total.labels(stage).set(total)
             self.kv_evicted.labels(stage).set(evicted)
             self.kv_preempted.labels(stage).set(preempted)
+        down = coord.degraded
         for process, epoch in coord.epochs.items():
             self.restarts.labels(process).set(epoch)
+            self.up.labels(process).set(0 if process in down else 1)
         calls = webrtc.stats()
         live: dict[str, int] = dict.fromkeys(TRANSPORTS, 0)
         for s in gateway.sessions:

@@ -121,6 +121,15 @@ class RuntimeConfig(_Strict):
     ready_timeout_s: float = Field(default=120.0, gt=0, description="Stage start-up limit.")
     abort_timeout_s: float = Field(default=5.0, gt=0, description="Wait for every AbortAck.")
     restart_stages: bool = Field(default=True, description="Restart a stage process that died.")
+    first_output_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request's bound from `submit` to its first output (or its end, for one "
+        "with none): past it the request fails with the cause (a stage down and not back, no "
+        "free request slot or credit, a stage that does not answer) and is aborted, so no "
+        "call waits for ever. Raise it where a first output can take longer (a restart of a "
+        "checkpoint that new calls should wait for, a long prefill on a slow device).",
+    )
     fork_server: bool = Field(
         default=True,
         description="Start local stage processes as forks of one process that has imported "

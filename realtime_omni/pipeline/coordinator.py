@@ -70,7 +70,8 @@ class Coordinator:
         self._peer_up_done: dict[str, asyncio.Future[None]] = {}
         self._stats_waiters: dict[int, StatsWaiter] = {}
         self._tokens = itertools.count(1)
-        self._healthy = asyncio.Event()
+        self._healthy = asyncio.Event()  # set while no stage process is down
+        self._started = False
         self._closing = False
         self._owner_lock: OwnerLock | None = None
 
@@ -126,6 +127,7 @@ class Coordinator:
             raise
         self.supervisor.watch()
         self._healthy.set()
+        self._started = True
 
     async def close(self) -> None:
         """Stop every stage process and remove every segment; safe to call twice."""
@@ -168,25 +170,45 @@ class Coordinator:
     async def submit(self, payload: Payload, request_id: str | None = None) -> RequestStream:
         """Start a request with `payload` as the entry stage's input; waits while the pipeline
         is at `runtime.max_requests` or a stage has no replica up (all restarting), and for a
-        free entry credit. A replica that is down is passed over while another serves."""
+        free entry credit. A replica that is down is passed over while another serves.
+        Bounded: `runtime.first_output_timeout_s` after the call, a request still waiting here
+        raises, and one without an output (or its end) by then fails its stream, either way
+        with the cause (`StageDied` where its stage is down, else `RequestError`)."""
         if self._closing:
             raise OmniError("the pipeline is shut down")
         rid = request_id or uuid.uuid4().hex
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in flight")
+        rt = self.cfg.runtime
+        limit_s = rt.first_output_timeout_s
+        deadline = self.loop.time() + limit_s
         broken = self.supervisor.broken
-        while len(self.requests) >= self.cfg.runtime.max_requests or not self._routable():
-            if not self._routable() and (
-                broken or (self.down and not self.cfg.runtime.restart_stages)
-            ):
+        while len(self.requests) >= rt.max_requests or not self._routable():
+            if not self._routable() and (broken or (self.down and not rt.restart_stages)):
                 why = "; ".join(broken.values()) or "restart_stages is off"
                 raise StageDied(f"stage processes {sorted(self.down)} are down: {why}")
+            if self.loop.time() >= deadline:
+                if not self._routable():
+                    raise StageDied(
+                        f"stage processes {sorted(self.down)} are down and were not back "
+                        f"within {limit_s:g} s (runtime.first_output_timeout_s)"
+                    )
+                raise RequestError(
+                    f"the pipeline held its limit of {rt.max_requests} requests for "
+                    f"{limit_s:g} s (runtime.max_requests, runtime.first_output_timeout_s)"
+                )
             await self._wait_credit()
         route = self.requests.pick_route(payload.get("session_id"), self.down, self.epochs)
         req = self.requests.add(rid, route)
         entry_proc = self.requests.process_of(self.graph.entry, route)
         try:
             while (lease := self.outlet.acquire(rid, entry_proc)) is None:
+                if self.loop.time() >= deadline:
+                    raise RequestError(
+                        f"no credit of the edge to {self.graph.entry} came back within "
+                        f"{limit_s:g} s (runtime.first_output_timeout_s): {entry_proc} takes "
+                        "no new requests"
+                    )
                 await self._wait_credit()
         except BaseException:  # cancelled while waiting: no stage has seen the request
             req.stream._finish()
@@ -199,7 +221,30 @@ class Coordinator:
             self.outlet.pool.release(lease)  # nothing was sent: the credit is still ours
             self.requests.forget(rid)
             raise e if isinstance(e, OmniError) else RequestError(str(e)) from None
+        req.timer = self.loop.call_at(deadline, self._first_output_due, req)
         return req.stream
+
+    def _first_output_due(self, req: Request) -> None:
+        """`runtime.first_output_timeout_s` since `submit` began and `req` has neither an
+        output nor its end: it fails with the likeliest cause and is aborted."""
+        if self.requests.get(req.rid) is not req or req.answered or req.stream.closed:
+            return
+        limit_s = self.cfg.runtime.first_output_timeout_s
+        down = [p for p in self.requests.processes(req.route) if p in self.down]
+        error: RequestError | StageDied
+        if down:
+            error = StageDied(
+                f"stage processes {down} are down and were not back within {limit_s:g} s "
+                "(runtime.first_output_timeout_s)"
+            )
+        else:
+            stages = [s for s in self.cfg.stages if s not in req.done]
+            error = RequestError(
+                f"no output within {limit_s:g} s (runtime.first_output_timeout_s) from stages "
+                f"{stages}: a stage does not answer, or is too slow for the limit"
+            )
+        log.warning("request %s failed: %s", req.rid, error, extra={"request_id": req.rid})
+        self._fail(req, error)
 
     async def _wait_credit(self) -> None:
         self._credit.clear()
@@ -353,6 +398,7 @@ class Coordinator:
         if req is None or req.stream.closed:
             release()
             return
+        req.answered = True
         try:
             payload = self.inlet.open(msg, frames)
         except (OSError, ValueError, RequestError) as e:  # its writer died; a failed read
@@ -437,8 +483,18 @@ class Coordinator:
 
     @property
     def ready(self) -> bool:
-        """Every stage process is up and takes requests (none down or restarting)."""
-        return self._healthy.is_set() and not self._closing
+        """New requests are served now: started, not closing, and every process group has a
+        replica up. A replica down while another of its group serves leaves it ready but
+        `degraded`; a group with none up (its only process restarting) makes it not ready."""
+        return self._started and not self._closing and self._routable()
+
+    @property
+    def degraded(self) -> dict[str, str]:
+        """The stage processes down now, each with why (restarting, not restarted, or its
+        restart's error), whether or not another replica of its group serves meanwhile."""
+        broken = self.supervisor.broken
+        idle = "down, restarting" if self.cfg.runtime.restart_stages else "down, not restarted"
+        return {p: broken.get(p, idle) for p in sorted(self.down)}
 
     @property
     def in_flight(self) -> int:

@@ -17,7 +17,9 @@ Protocol, JSON lines over a socket pair (`ForkServer` in the coordinator, `serve
                                    <- {"exit": n, "code": c} when a child exits (reaped here)
 
 The server is single-threaded (no thread may hold a lock across a fork). It exits when the
-coordinator closes its end; its children watch the coordinator themselves (`owner_pid`).
+coordinator closes its end; its children watch the coordinator themselves (a pidfd of
+`owner_pid`), not the server: should it die (the OOM killer), they go on serving and the
+supervisor starts another server for the next starts.
 """
 
 from __future__ import annotations
@@ -229,7 +231,8 @@ def _child(sock: socket.socket, fds: list[int], env: dict[str, str]) -> None:
 
         from realtime_omni.pipeline.worker import ARGS_ENV, WorkerArgs, worker_main
 
-        worker_main(msgspec.json.decode(os.environ.pop(ARGS_ENV), type=WorkerArgs))
+        args = msgspec.json.decode(os.environ.pop(ARGS_ENV), type=WorkerArgs)
+        worker_main(msgspec.structs.replace(args, parent_is_fork_server=True))
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -115,6 +115,8 @@ class Request:
     ended: set[str] = field(default_factory=set)  # terminal stages whose stream closed
     abort_waiting: set[str] | None = None  # stages yet to ack an abort in progress
     abort_done: asyncio.Future[None] | None = None
+    answered: bool = False  # an output reached the coordinator
+    timer: asyncio.TimerHandle | None = None  # the first output's deadline (`Coordinator`)
 
 
 class RequestTable:
@@ -160,6 +162,8 @@ class RequestTable:
         if req is None:
             return
         req.stream.settled.set()
+        if req.timer is not None:
+            req.timer.cancel()
         for p in self.processes(req.route):
             self.active[p] = self.active.get(p, 1) - 1
         self.on_forget()

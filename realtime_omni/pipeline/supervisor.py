@@ -74,7 +74,10 @@ class Supervisor:
         # Stage processes this coordinator started: forked by the fork server (or Popen, with
         # runtime.fork_server off) here, RayProcess with placement ray.
         self.procs: dict[str, LocalProcess | RayProcess] = {}
-        self.forks: ForkServer | None = None
+        self.forks: ForkServer | None = None  # None: plain Popen (off, or lost and not back)
+        self._fork_modules: list[str] = []
+        self._forks_fd: int | None = None  # the fork server's pidfd, watched on the loop
+        self._replacing: asyncio.Future[None] | None = None  # a new fork server on its way
         self.ray: RayPlacement | None = None
         self.ready: dict[str, asyncio.Future[None]] = {}
         self.startup_errors: dict[str, str] = {}  # stages of a process -> why it did not start
@@ -111,8 +114,9 @@ class Supervisor:
                 for p in self.graph.local_processes()
                 for s in self.graph.groups[group_of(p)].stages
             }
-            self.forks = ForkServer(sorted(modules))
-            await asyncio.to_thread(self.forks.wait_ready)
+            self._fork_modules = sorted(modules)
+            self.forks = await asyncio.to_thread(self._new_fork_server)
+            self._watch_forks(self.forks)
         started = self.graph.processes() if self.ray else self.graph.local_processes()
         for p in self.graph.processes():
             if p in started:
@@ -127,6 +131,77 @@ class Supervisor:
         if rt.warm_spares and rt.restart_stages and self.ray is None:
             for p in self.graph.local_processes():
                 self._spawn_spare(p)
+
+    # ---- the fork server --------------------------------------------------------------
+
+    def _new_fork_server(self) -> ForkServer:
+        """A fork server with the config's modules imported; blocks for the imports (seconds
+        with torch): call it off the loop."""
+        forks = ForkServer(self._fork_modules)
+        try:
+            forks.wait_ready()
+        except BaseException:
+            forks.close()
+            raise
+        return forks
+
+    def _watch_forks(self, forks: ForkServer) -> None:
+        """Hear of the fork server's death on the loop, through its pidfd."""
+        fd = self._forks_fd = os.pidfd_open(forks.proc.pid)
+
+        def exited() -> None:
+            self._fork_server_lost(forks, f"exit code {forks.proc.wait()}")
+
+        self.loop.add_reader(fd, exited)
+
+    def _unwatch_forks(self) -> None:
+        if self._forks_fd is not None:
+            self.loop.remove_reader(self._forks_fd)
+            os.close(self._forks_fd)
+            self._forks_fd = None
+
+    def _fork_server_lost(self, forks: ForkServer, why: str) -> None:
+        """The fork server died (the OOM killer, a kill -9) or stopped answering. Its stage
+        processes live on (they watch the coordinator, not it) and nothing of theirs changes;
+        another server is started now; a restart meanwhile waits for it, and a start it cannot
+        serve (it failed too) is a plain `Popen`, a fresh interpreter."""
+        if self.forks is not forks:
+            return  # heard of already
+        self.forks = None
+        self._unwatch_forks()
+        with contextlib.suppress(OSError):
+            forks.proc.kill()  # if it only stopped answering
+        forks.proc.wait()
+        # Its socket stays open: exits it reported before dying are still to be read there by
+        # its children's `Forked.poll`.
+        if self.closing:
+            return
+        log.warning(
+            "the fork server (pid %d) is gone (%s); its stage processes go on, and another "
+            "is started for the next starts",
+            forks.proc.pid,
+            why,
+        )
+        self._replacing = asyncio.ensure_future(self._replace_forks())
+        self._tasks.add(self._replacing)
+        self._replacing.add_done_callback(self._tasks.discard)
+
+    async def _replace_forks(self) -> None:
+        try:
+            forks = await asyncio.to_thread(self._new_fork_server)
+        except Exception as e:
+            log.error("no new fork server (%s): stage processes start as plain processes", e)
+            return
+        finally:
+            self._replacing = None
+        if self.closing or self.forks is not None:
+            forks.close()
+            return
+        self.forks = forks
+        self._watch_forks(forks)
+        log.info("a new fork server (pid %d) is up", forks.proc.pid)
+
+    # ---- processes ---------------------------------------------------------------------
 
     def _worker_args(self, process: str, epoch: int | None = None) -> WorkerArgs:
         assert self.ipc_dir is not None
@@ -144,10 +219,13 @@ class Supervisor:
     def _spawn(self, process: str, epoch: int | None = None) -> LocalProcess:
         args = self._worker_args(process, epoch)
         env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
-        proc: LocalProcess
+        proc: LocalProcess | None = None
         if self.forks is not None:
-            proc = self.forks.spawn(env)
-        else:
+            try:
+                proc = self.forks.spawn(env)
+            except OSError as e:  # it died under us, before its pidfd said so, or hangs
+                self._fork_server_lost(self.forks, f"{type(e).__name__}: {e}")
+        if proc is None:
             argv = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
             proc = subprocess.Popen(argv, env=env)
         if epoch is None:
@@ -158,6 +236,13 @@ class Supervisor:
         """Start `process`: here, or with placement ray through its group's actor, on the node
         Ray chose (off the loop: a restarted actor may take seconds to come back)."""
         if self.ray is None:
+            forks = self.forks
+            if forks is not None and forks.proc.poll() is not None:  # before its pidfd told
+                self._fork_server_lost(forks, f"exit code {forks.proc.returncode}")
+            if self._replacing is not None:
+                # A new fork server is importing: waiting for it is quicker than a fresh
+                # interpreter doing the same imports beside it, on the same cores.
+                await asyncio.shield(self._replacing)
             self._spawn(process)
             return
         key = self.cfg.runtime.curve_secret_env
@@ -361,8 +446,10 @@ class Supervisor:
         try:
             await self.launch(process)
             await self.wait_ready([process], self.cfg.runtime.ready_timeout_s)
-        except StartupError as e:
-            self.broken[process] = str(e)
+        except Exception as e:  # a StartupError names its cause; anything else is a bug
+            if not isinstance(e, StartupError):
+                log.exception("stage process %s: the restart failed", process)
+            self.broken[process] = str(e) or type(e).__name__
             self.host.wake()
             return
         await self.host.peer_up(process)
@@ -417,6 +504,7 @@ class Supervisor:
                 proc.kill()
                 proc.wait(timeout=5)
         if self.forks is not None:
+            self._unwatch_forks()
             self.forks.close()
 
     def cancel_tasks(self) -> None:

@@ -18,7 +18,7 @@ import select
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -60,6 +60,9 @@ class WorkerArgs(msgspec.Struct):
     ipc_dir: str
     owner_pid: int  # the coordinator's pid: names shm segments
     watch_parent: bool = True  # exit when the coordinator (our parent) is gone
+    # A fork server's child: the coordinator is `owner_pid`, not the parent, whose death (the
+    # fork server's: the OOM killer) must not take the stage with it.
+    parent_is_fork_server: bool = False
     moved: dict[str, str] = {}  # processes not where the config put them -> their address
 
 
@@ -208,7 +211,7 @@ class Worker:
         """The loop. It holds `_lock` except inside a model step and while idle; during a step
         the control thread takes the lock to handle what arrives (aborts above all), so an
         abort is acknowledged without waiting for a long step (a prefill) to end."""
-        parent = os.getppid()
+        orphaned = self._orphan_check()
         # Unfrozen, a full pass came once per process within a dozen tiny-model requests.
         self.gc_frozen = freeze_start_up()
         self._to_coordinator(m.Ready(self.me, self.args.epoch, os.getpid()))
@@ -224,7 +227,7 @@ class Worker:
             while self.running:
                 busy = self._drain()
                 busy |= self.router.work(self._step)
-                if self._beat() and self.args.watch_parent and os.getppid() != parent:
+                if self._beat() and orphaned():
                     break  # the coordinator is gone: nothing will ever ask us again
                 if not busy and self.running:
                     wait = min(beat_every, self._wake_in())
@@ -238,6 +241,21 @@ class Worker:
             self._lock.release()
             control.join()
             self.close()
+
+    def _orphan_check(self) -> Callable[[], bool]:
+        """A check of whether the coordinator that started us is gone: our parent changed, or
+        for a fork server's child, the coordinator's pidfd (opened now, while it waits for our
+        Ready, so a reused pid cannot fool it) says it exited."""
+        if not self.args.watch_parent:
+            return lambda: False
+        if not self.args.parent_is_fork_server:
+            parent = os.getppid()
+            return lambda: os.getppid() != parent
+        try:
+            fd = os.pidfd_open(self.args.owner_pid)
+        except ProcessLookupError:
+            return lambda: True
+        return lambda: bool(select.select([fd], [], [], 0)[0])
 
     def _wake_in(self) -> float:
         """Seconds until a stage's executor has work again of itself, with no message (its

@@ -657,3 +657,30 @@ def test_a_warm_spare_takes_over_a_killed_stage_at_once() -> None:
             await all_slots_free(coord)
 
     run(body(), limit_s=90)
+
+
+def test_a_request_no_stage_answers_fails_at_its_deadline_with_the_cause() -> None:
+    """The thinker frozen (SIGSTOP: alive to the death watch, deaf to everything): a request
+    fails once runtime.first_output_timeout_s passed without an output, naming the stages it
+    waited on, and one waiting for a request slot meanwhile fails too, naming the limit.
+    Before, both waited for ever."""
+    cfg = simulated_config(FAST, first_output_timeout_s=1.0, max_requests=1, abort_timeout_s=1.0)
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            frozen = coord.pid_of("thinker#0") or 0
+            os.kill(frozen, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                stuck = await coord.submit({"max_tokens": 4})
+                with pytest.raises(RequestError, match="held its limit of 1 requests"):
+                    await coord.submit({"max_tokens": 4})
+                with pytest.raises(RequestError, match=r"no output within 1 s .*'thinker'"):
+                    await stuck.collect()
+                assert time.monotonic() - t0 < timeout(3)
+            finally:
+                os.kill(frozen, signal.SIGCONT)
+            await until(lambda: coord.in_flight == 0, "the stuck request forgotten")
+            check_complete(await (await coord.submit({"max_tokens": 4})).collect(), 4)
+
+    run(body())

@@ -14,7 +14,7 @@ import yaml
 from realtime_omni.errors import StageDied
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
-from tests.conftest import ROOT, free_port_block, run, simulated_config, timeout
+from tests.conftest import ROOT, free_port_block, run, simulated_config, timeout, until
 from tests.integration.test_pipeline import all_slots_free, check_complete
 
 FAST = 0.2
@@ -227,10 +227,8 @@ def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
             pid = coord.pid_of(f"talker_ar#{a}")
             assert pid is not None
             os.kill(pid, signal.SIGKILL)
-            while coord.ready:
-                await asyncio.sleep(0.01)
-            while not coord.ready:
-                await asyncio.sleep(0.05)
+            await until(lambda: coord.pid_of(f"talker_ar#{a}") != pid, "the restart begun")
+            await until(lambda: not coord.degraded, "the replica back", within_s=30)
             hogs: list = []  # busy work until some of it is on replica `a`, none more elsewhere
             while not any(coord.requests[h.request_id].route["talker_ar"] == a for h in hogs):
                 hogs.append(await coord.submit({"max_tokens": 40, "session_id": f"h{len(hogs)}"}))
@@ -238,5 +236,31 @@ def test_a_sessions_turns_stay_on_the_replica_that_keeps_its_cache() -> None:
             for h in hogs:
                 await h.collect()
             await all_slots_free(coord)
+
+    run(body())
+
+
+def test_a_lost_replica_leaves_the_pipeline_ready_and_degraded() -> None:
+    """One of two talker replicas lost and not back (restart_stages off stands in for a node
+    Ray has not restarted yet): new calls are served by the other, so the pipeline stays ready
+    (`/readyz` 200: a load balancer keeps the gateway) and says which process is down. Both
+    lost: not ready. Before, `ready` stayed false from the first loss on."""
+    cfg = simulated_config(FAST, restart_stages=False)
+    cfg["stages"]["talker_ar"]["replicas"] = 2
+
+    async def body() -> None:
+        async with Coordinator(parse_config(cfg)) as coord:
+            assert coord.ready and coord.degraded == {}
+            os.kill(coord.pid_of("talker_ar#1") or 0, signal.SIGKILL)
+            await until(lambda: "talker_ar#1" in coord.down, "the death seen")
+            assert coord.ready
+            assert coord.degraded == {"talker_ar#1": "down, not restarted"}
+            stream = await coord.submit({"max_tokens": 4})
+            assert coord.requests[stream.request_id].route["talker_ar"] == 0
+            check_complete(await stream.collect(), 4)
+            os.kill(coord.pid_of("talker_ar#0") or 0, signal.SIGKILL)
+            await until(lambda: "talker_ar#0" in coord.down, "the second death seen")
+            assert not coord.ready
+            assert list(coord.degraded) == ["talker_ar#0", "talker_ar#1"]
 
     run(body())

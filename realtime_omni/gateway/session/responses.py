@@ -25,7 +25,7 @@ from realtime_omni.errors import OmniError
 from realtime_omni.gateway.media.audio import MODEL_RATE_HZ, Resampler
 from realtime_omni.gateway.media.playout import Playout, PlayoutFull
 from realtime_omni.gateway.protocol.conversation import Item, new_id
-from realtime_omni.gateway.protocol.events import ProtocolError
+from realtime_omni.gateway.protocol.events import ProtocolError, error_event
 from realtime_omni.gateway.protocol.settings import Tool
 from realtime_omni.gateway.protocol.tool_calls import Call
 from realtime_omni.gateway.session.response import Response, Status
@@ -267,6 +267,11 @@ class Responses:
             return
         if status == "failed":
             self.s._flush(resp.item.id)
+            if resp is self.active:  # an unseen held answer's failure tells nothing
+                # The cause, as an `error` too: a client that waits on its events (not only on
+                # `response.done`) hears why its call went silent.
+                why = details["error"]["message"]
+                self.s._send([error_event(why, "response_failed", kind="server_error")])
         self._finish(resp, status, details)
 
     async def _hold_lead(self, resp: Response) -> None:

@@ -44,6 +44,7 @@ class AppCoord(FakeCoord):
     """`FakeCoord` with what `/v1/stats`, `/readyz` and `/metrics` read of a Coordinator."""
 
     ready = True
+    degraded: dict[str, str] = {}
     in_flight = 0
     epochs: dict[str, int] = {}
     graph = _Graph()

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from realtime_omni.errors import OmniError, RequestError
+from realtime_omni.errors import OmniError, RequestError, StageDied
 from realtime_omni.gateway.protocol.events import ProtocolError
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.pipeline.coordinator import Output
@@ -523,6 +523,56 @@ def test_a_request_a_stage_refused_fails_its_response_with_the_cause() -> None:
         assert done[-1]["response"]["status"] == "failed"
         error = done[-1]["response"]["status_details"]["error"]
         assert error["type"] == "server_error" and "KV cache full" in error["message"]
+        await s.close()
+
+    run(body())
+
+
+class LateCoord(FakeCoord):
+    """A pipeline past a request's deadline (runtime.first_output_timeout_s), as the
+    coordinator says it: at `submit` (no stage up to take it) or on the stream (no output)."""
+
+    def __init__(self, at_submit: bool) -> None:
+        super().__init__(chunks=2)
+        self.at_submit = at_submit
+
+    async def submit(self, payload: dict[str, Any], request_id: str | None = None) -> FakeStream:
+        if self.at_submit:
+            raise StageDied(
+                "stage processes ['thinker#0'] are down and were not back within 30 s "
+                "(runtime.first_output_timeout_s)"
+            )
+        await super().submit(payload, request_id)
+        return LateStream(self.chunks, self.gap_s)
+
+
+class LateStream(FakeStream):
+    async def __anext__(self) -> Output:
+        raise RequestError("no output within 30 s (runtime.first_output_timeout_s)")
+
+
+@pytest.mark.parametrize("at_submit", [True, False])
+def test_a_request_past_its_deadline_tells_the_call_why_and_the_next_one_runs(
+    at_submit: bool,
+) -> None:
+    async def body() -> None:
+        coord = LateCoord(at_submit)
+        s = Session(coord)
+        await s.handle({"type": "session.update", "session": {"turn_detection": None}})
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None)
+        events = s.pending_events()
+        kinds = [e["type"] for e in events]
+        assert kinds[-1] == "response.done" and "error" in kinds
+        error = events[kinds.index("error")]["error"]
+        assert error["type"] == "server_error" and "within 30 s" in error["message"]
+        done = events[-1]["response"]
+        assert done["status"] == "failed"
+        assert done["status_details"]["error"]["message"] == error["message"]
+        coord.at_submit = False  # the session takes the next response
+        await s.handle({"type": "response.create"})
+        await settle(s, lambda: s.active_response is None)
+        assert types(s).count("response.done") == 1
         await s.close()
 
     run(body())
