@@ -63,9 +63,10 @@ def test_a_long_answer_completes_as_alone_while_newcomers_are_preempted_and_reco
 
 
 def test_the_talker_preempts_the_newest_and_every_answer_sounds_as_alone(tiny_dir: Path) -> None:
-    """Spoken answers through a talker pool that holds one and a half of them."""
-    payload = {**conversation("text"), **GREEDY, "max_tokens": 30, "talker_max_tokens": 40}
-    params = {"kv_cache_tokens": 96, "admit_margin_tokens": 8}
+    """Spoken answers through a talker pool of 5 blocks with no margin: a newcomer's prompt
+    fills it, so it is preempted again and again and recomputed from its last frame."""
+    payload = {**conversation("text"), **GREEDY, "max_tokens": 12, "talker_max_tokens": 30}
+    params = {"kv_cache_tokens": 80, "admit_margin_tokens": 0}
     want = _alone(payload)
     p = InProcess(tiny_config(talker_ar=params))
     p.submit("a", payload)
@@ -74,11 +75,24 @@ def test_the_talker_preempts_the_newest_and_every_answer_sounds_as_alone(tiny_di
     p.run()
     talker: Any = p.stages["talker_ar"].executor
     assert p.stages["talker_ar"].failures == []
-    assert talker.preemptions >= 1
+    assert talker.preemptions >= 5
     for rid in ("a", "b"):
         got = np.concatenate([o["codes"] for o in p.outputs[rid]["code2wav"]])
         np.testing.assert_array_equal(got, np.concatenate([o["codes"] for o in want["code2wav"]]))
     assert talker.cache.blocks_in_use() == 0
+
+
+def test_an_answer_that_outgrows_the_whole_pool_fails_saying_so(tiny_dir: Path) -> None:
+    """Alone in a talker pool of 3 blocks and still out of them: preempting it would only start
+    it over (for ever), so it fails, and says why."""
+    payload = {**conversation("text"), **GREEDY, "max_tokens": 12, "talker_max_tokens": 30}
+    params = {"kv_cache_tokens": 48, "admit_margin_tokens": 0}
+    p = InProcess(tiny_config(talker_ar=params), expect_failures=True)
+    p.submit("a", payload)
+    p.run()
+    assert list(p.failed) == ["a"] and "outgrew the whole KV pool (3 blocks" in p.failed["a"]
+    talker: Any = p.stages["talker_ar"].executor
+    assert talker.preemptions == 0 and talker.cache.blocks_in_use() == 0
 
 
 def test_a_request_that_waits_too_long_is_refused_alone_and_an_abort_leaves_nothing(

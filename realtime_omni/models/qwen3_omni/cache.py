@@ -373,6 +373,48 @@ def admission(
     return "wait"
 
 
+class PreemptsNewest:
+    """Decode's blocks for an executor whose requests (`reqs`) each hold a `row` of `cache` (or
+    None) and an arrival order `seq`, and which can give one's blocks back (`_preempt`)."""
+
+    reqs: dict[str, Any]
+    cache: BlockCache
+
+    def _preempt(self, rid: str) -> None: ...
+
+    def _seq(self, rid: str) -> int:
+        return int(self.reqs[rid].seq)
+
+    def _holding(self) -> list[str]:
+        """Requests holding a row and blocks (held ones too)."""
+        return [rid for rid, r in self.reqs.items() if r.row is not None]
+
+    def _reserve_decode(self, rids: list[str]) -> list[str]:
+        """A block for the next token of each of `rids`, oldest first: when the pool has none
+        (kept sessions evicted already), the newest request holding blocks gives its back
+        (`_preempt`), which may be one of `rids`; the oldest never pays. Gives those of `rids`
+        that can never have it, alone in the pool and out of blocks: the caller fails them
+        (`grown_past`), since preempting them would only start them over."""
+        never = []
+        for rid in sorted(rids, key=self._seq):
+            r = self.reqs[rid]
+            while r.row is not None and not self.cache.reserve(r.row, self.cache.lens[r.row] + 1):
+                holders = self._holding()
+                if holders == [rid]:
+                    never.append(rid)
+                    break
+                self._preempt(max(holders, key=self._seq))
+        return never
+
+    def grown_past(self, stage: str) -> str:
+        cache = self.cache
+        return (
+            f"{stage}: an answer outgrew the whole KV pool ({cache.blocks} blocks of "
+            f"{cache.block_tokens} tokens) with nothing else in it; raise the stage's "
+            "kv_cache_tokens or kv_cache_gib, or lower max_tokens"
+        )
+
+
 class KeptSessions:
     """Cache rows that conversations' finished turns left behind, for their next turns.
 

@@ -53,6 +53,7 @@ from realtime_omni.errors import ExecutorError
 from realtime_omni.models.qwen3_omni.cache import (
     BlockCache,
     KeptSessions,
+    PreemptsNewest,
     admission,
     pool_blocks,
 )
@@ -112,7 +113,7 @@ class _Request:
     seen: torch.Tensor | None = None  # preempted: its row of `TalkerExecutor.seen`
 
 
-class TalkerExecutor(HoldsRequests):
+class TalkerExecutor(HoldsRequests, PreemptsNewest):
     def __init__(self, ctx: StageContext) -> None:
         self.device = setup_torch(ctx.device)
         d = model_dir(ctx.model)
@@ -295,11 +296,13 @@ class TalkerExecutor(HoldsRequests):
             if rid in self.reqs and rid not in firsts and self.reqs[rid].row is not None
         ]
         decoding = [rid for rid in decoding if self._ready(self.reqs[rid])]
-        for rid in decoding:
-            r = self.reqs[rid]
-            while r.row is not None and not self.cache.reserve(r.row, self.cache.lens[r.row] + 1):
-                self._preempt(max(self._holding(), key=self._seq))  # the newest pays
-        decoding = [rid for rid in decoding if self.reqs[rid].row is not None]
+        for rid in self._reserve_decode(decoding):
+            self._drop(rid)
+            emits.append(Emit(rid, error=self.grown_past("talker")))
+        decoding = [rid for rid in decoding if rid in self.reqs and self.reqs[rid].row is not None]
+        kept = [i for i, (rid, _, _) in enumerate(picked) if rid in self.reqs]
+        kept = [i for i in kept if self.reqs[picked[i][0]].row is not None]
+        picked, hidden = [picked[i] for i in kept], [hidden[i] for i in kept]  # none preempted
         if decoding:
             for rid, logits, h, t in self._decode(decoding):
                 picked.append((rid, logits, t))
@@ -341,12 +344,6 @@ class TalkerExecutor(HoldsRequests):
 
     # ---- admission and preemption ----------------------------------------------------------
 
-    def _seq(self, rid: str) -> int:
-        return self.reqs[rid].seq
-
-    def _holding(self) -> list[str]:
-        return [rid for rid, r in self.reqs.items() if r.row is not None]
-
     def _admission(self, r: _Request) -> str:
         """ "admit", "wait", or why it is refused (`cache.admission`): its inputs so far and a
         margin of frames."""
@@ -357,13 +354,17 @@ class TalkerExecutor(HoldsRequests):
         return admission(self.sessions, "talker", tokens, waited_s, self.admit_timeout_s)
 
     def _preempt(self, rid: str) -> None:
-        """Take `rid`'s row and blocks back; it is prefilled again once admitted."""
+        """Take `rid`'s row and blocks back; it is prefilled again once admitted: from its
+        last frame on, or, before its first frame (its prompt prefilled in this very step),
+        as a new request."""
         r = self.reqs[rid]
         assert r.row is not None and r.next_pos is not None
-        r.seen = self.seen[r.row].clone()
+        if r.spoken:
+            r.seen = self.seen[r.row].clone()
+            r.resume_pos = r.next_pos
+        r.next_pos = None
         self.cache.free(r.row)
         r.row = None
-        r.resume_pos, r.next_pos = r.next_pos, None
         r.arrived = self.clock()  # its wait for blocks starts again
         self.preemptions += 1
 

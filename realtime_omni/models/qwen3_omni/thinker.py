@@ -87,6 +87,7 @@ from realtime_omni.errors import ExecutorError
 from realtime_omni.models.qwen3_omni.cache import (
     BlockCache,
     KeptSessions,
+    PreemptsNewest,
     admission,
     pool_blocks,
 )
@@ -155,7 +156,7 @@ class _Prompt:
     hidden: torch.Tensor | None  # [n, D], with speech
 
 
-class ThinkerExecutor(HoldsRequests):
+class ThinkerExecutor(HoldsRequests, PreemptsNewest):
     def __init__(self, ctx: StageContext) -> None:
         self.device = setup_torch(ctx.device)
         d = model_dir(ctx.model)
@@ -278,14 +279,14 @@ class ThinkerExecutor(HoldsRequests):
         self.shares = {}
         running = self.running()
         decoding = sorted((rid for rid, r in running.items() if r.decoding), key=self._seq)
-        for rid in decoding:
-            r = self.reqs[rid]
-            while r.row is not None and not self.cache.reserve(r.row, self.cache.lens[r.row] + 1):
-                self._preempt(max(self._holding(), key=self._seq))  # the newest pays
-        decoding = [rid for rid in decoding if self.reqs[rid].row is not None]
+        failed = []
+        for rid in self._reserve_decode(decoding):
+            self._drop(rid)
+            failed.append(Emit(rid, error=self.grown_past("thinker")))
+        decoding = [rid for rid in decoding if rid in self.reqs and self.reqs[rid].row is not None]
         if decoding:
             self.last_decode = self.clock()  # its start: a token every interval, however long
-        emits = self._decode(decoding) if decoding else []
+        emits = failed + (self._decode(decoding) if decoding else [])
         self.shares = dict.fromkeys(decoding, 1.0)
         budget = self.prefill_budget
         filling: set[str] = set()  # sessions with a prefill-only request still prefilling
@@ -328,16 +329,9 @@ class ThinkerExecutor(HoldsRequests):
 
     # ---- admission and preemption ----------------------------------------------------------
 
-    def _seq(self, rid: str) -> int:
-        return self.reqs[rid].seq
-
     def _waiting(self, running: dict[str, _Request]) -> list[tuple[str, _Request]]:
         """Requests without a row, in arrival order."""
         return sorted(((k, r) for k, r in running.items() if r.row is None), key=lambda x: x[1].seq)
-
-    def _holding(self) -> list[str]:
-        """Requests holding a row and blocks (held ones too)."""
-        return [rid for rid, r in self.reqs.items() if r.row is not None]
 
     def _tokens_needed(self, r: _Request) -> int:
         """A waiting request's prompt (and the tokens it fed, when recomputed) plus its margin."""
