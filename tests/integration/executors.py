@@ -84,12 +84,16 @@ class LaterExecutor(SimulatedExecutor):
 
 
 class SpinExecutor(SimulatedExecutor):
-    """A simulated stage that, after each step's sleep, spins on the CPU as long again."""
+    """A simulated stage that, after each step's sleep, spins until the step has used
+    `SPIN_CPU_S` of CPU time: CPU time, not wall time, so what a step burns does not depend on
+    how many other processes share the cores (a spin for a wall time got a third of it on a
+    loaded machine)."""
+
+    SPIN_CPU_S = 0.004
 
     def step(self) -> list[Emit]:
-        t = time.monotonic()
+        t = time.thread_time()
         emits = super().step()
-        end = time.monotonic() + (time.monotonic() - t)
-        while time.monotonic() < end:
+        while time.thread_time() - t < self.SPIN_CPU_S:
             pass
         return emits
