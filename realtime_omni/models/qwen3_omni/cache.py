@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from realtime_omni.models.qwen3_omni.tensors import tensors_in
+
 # A decode group's padded slots may exceed its rows' tokens by this factor...
 PAD_RATIO = 1.25
 # ...unless its longest row holds at most this many tokens (a few KiB per layer: cheaper to pad
@@ -453,7 +455,7 @@ class KeptSessions:
             self.cache.free(self._pop(session)[0])
         self.cache.truncate(row, self.cache.lens[row])  # blocks reserved ahead go back
         self._kept[session] = (row, inputs, extra)
-        nbytes = sum(t.numel() * t.element_size() for t in _tensors((inputs, extra)))
+        nbytes = sum(t.numel() * t.element_size() for t in tensors_in((inputs, extra)))
         self._charged[session] = math.ceil(nbytes / self.cache.block_bytes())
         self.cache.charged += self._charged[session]
         while self._kept and (
@@ -508,12 +510,3 @@ class KeptSessions:
     def _pop(self, session: str | None) -> tuple[int, torch.Tensor, Any]:
         self.cache.charged -= self._charged.pop(session, 0)  # type: ignore[arg-type]
         return self._kept.pop(session)  # type: ignore[arg-type]
-
-
-def _tensors(x: Any) -> Iterator[torch.Tensor]:
-    """The tensors in nested tuples and lists."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, tuple | list):
-        for y in x:
-            yield from _tensors(y)

@@ -38,7 +38,6 @@ import contextlib
 import copy
 import math
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -46,6 +45,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from realtime_omni.models.qwen3_omni.tensors import tensors_in
 
 META = "meta"
 
@@ -64,8 +65,8 @@ class PeakBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        given = {_key(t) for t in _tensors((args, kwargs))}
-        for t in _tensors(out):
+        given = {_key(t) for t in tensors_in((args, kwargs))}
+        for t in tensors_in(out):
             self._track(t, given)
         return out
 
@@ -93,18 +94,6 @@ def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
 
 
-def _tensors(x: Any) -> Iterator[torch.Tensor]:
-    """The tensors in nested tuples, lists and dicts (an op's arguments and results)."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, tuple | list):
-        for y in x:
-            yield from _tensors(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors(y)
-
-
 class AsOnCuda(TorchFunctionMode):
     """Meta runs that allocate as CUDA does: attention as a fused kernel (its output, and the
     additive mask made of a boolean one, never the scores); the experts' grouped products as
@@ -120,7 +109,7 @@ class AsOnCuda(TorchFunctionMode):
                 additive = torch.empty(mask.shape, dtype=q.dtype, device=q.device)
                 del additive  # held while the kernel runs, freed with it
             return out
-        given = list(_tensors((args, kwargs)))
+        given = list(tensors_in((args, kwargs)))
         if func in _GROUPED_MM:  # [S, K] x [E, K, N] -> [S, N], for any dtype
             a, b = args[:2]
             return a.new_empty(a.shape[0], b.shape[-1])

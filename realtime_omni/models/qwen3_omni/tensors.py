@@ -16,6 +16,7 @@ from typing import Any, TypeGuard, TypeVar
 
 import numpy as np
 import torch
+from torch.utils import _pytree as pytree
 
 from realtime_omni.pipeline import cuda_ipc
 
@@ -82,3 +83,8 @@ def model_dtype(ctx_model: dict[str, Any], device: str) -> torch.dtype:
     """`model.dtype` of the config; default bfloat16 on CUDA and float32 on the CPU."""
     name = ctx_model.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32")
     return torch_dtype(str(name))
+
+
+def tensors_in(x: Any) -> list[torch.Tensor]:
+    """The tensors in nested tuples, lists and dicts (an op's arguments, a kept session's)."""
+    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
