@@ -19,6 +19,11 @@ INPUT_BURST_S = 130.0
 MAX_INPUT_SPEED = 4.0
 
 
+def b64_seconds(chars: int, sample_bytes: int, rate_hz: int) -> float:
+    """Seconds of audio in `chars` characters of base64, judged before any decoding."""
+    return chars * 3 // 4 / sample_bytes / rate_hz
+
+
 class AudioCredit:
     """Seconds of audio a client may still send now: `burst_s` at first, refilled at `speed`
     seconds of audio per second of real time, never above `burst_s`. No clock of its own."""

@@ -114,6 +114,10 @@ class AudioFormat:
     name: str  # "pcm16" | "g711_ulaw" | "g711_alaw"
     rate_hz: int
 
+    @property
+    def sample_bytes(self) -> int:
+        return 2 if self.name == "pcm16" else 1
+
     def decode(self, data: bytes) -> np.ndarray:
         if self.name == "pcm16":
             if len(data) % 2:
@@ -383,3 +387,14 @@ def _decode_image(url: Any, param: str) -> np.ndarray:
         raise ProtocolError(f"{param}: the image cannot be decoded", param=param) from None
     img.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
     return np.asarray(img, np.uint8).copy()
+
+
+def audio_too_fast(seconds: float, speed: float, burst_s: float) -> ProtocolError:
+    """What a client is told whose append of `seconds` of audio the session's audio credit
+    (`media.input_buffer.AudioCredit`: `burst_s`, then `speed` x real time) refused."""
+    return ProtocolError(
+        f"audio is coming faster than {speed:g}x real time (after a first {burst_s:g} s): "
+        f"this append of {seconds:.1f} s was dropped; send audio about as fast as it is spoken",
+        code="rate_limit_exceeded",
+        param="audio",
+    )

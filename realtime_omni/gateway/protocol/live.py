@@ -70,6 +70,10 @@ class LiveFormat:
     kind: str = "audio/pcm"  # audio/pcm (16 or 24 kHz) | audio/pcmu | audio/pcma (8 kHz)
     rate_hz: int = 24000
 
+    @property
+    def sample_bytes(self) -> int:
+        return 2 if self.kind == "audio/pcm" else 1
+
     def decode(self, data: bytes) -> np.ndarray:
         if self.kind == "audio/pcm":
             if len(data) % 2:

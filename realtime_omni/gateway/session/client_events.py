@@ -21,10 +21,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from realtime_omni.gateway.media.audio import INPUT_RATE_HZ
-from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer
+from realtime_omni.gateway.media.input_buffer import AudioCredit, InputBuffer, b64_seconds
 from realtime_omni.gateway.protocol.conversation import ROOT, Conversation, Item, new_id
 from realtime_omni.gateway.protocol.events import (
     ProtocolError,
+    audio_too_fast,
     checked_event_id,
     error_event,
     loads,
@@ -221,16 +222,9 @@ class ClientEvents:
         if not isinstance(audio, str):
             raise ProtocolError("audio must be a base64 string", param="audio")
         fmt = v.settings.input_format
-        # Its length, judged before any decoding.
-        seconds = len(audio) * 3 // 4 / (2 if fmt.name == "pcm16" else 1) / fmt.rate_hz
+        seconds = b64_seconds(len(audio), fmt.sample_bytes, fmt.rate_hz)
         if not self.credit.take(seconds, now):
-            raise ProtocolError(
-                f"audio is coming faster than {self.credit.speed:g}x real time (after a first "
-                f"{self.credit.burst_s:g} s): this append of {seconds:.1f} s was dropped; send "
-                "audio about as fast as it is spoken",
-                code="rate_limit_exceeded",
-                param="audio",
-            )
+            raise audio_too_fast(seconds, self.credit.speed, self.credit.burst_s)
         return [PushAudio(audio, v.settings)]
 
     def _commit(self, ev: dict[str, Any], v: View, now: float) -> list[Effect]:

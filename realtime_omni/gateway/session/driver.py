@@ -186,7 +186,11 @@ class Session:
         self.input = InputBuffer()
         self.responses = Responses(self)
         self.transcriptions = Transcriptions(self)
-        self.client = ClientEvents(AudioCredit())  # what each client event does
+        # Seconds of audio any transport may still push: a burst, then MAX_INPUT_SPEED x real
+        # time (`push_audio`); an append pays before it is decoded (`ClientEvents`).
+        self.audio_credit = AudioCredit()
+        self.audio_dropped_s = 0.0  # what `push_audio` dropped past the credit
+        self.client = ClientEvents(self.audio_credit)  # what each client event does
         self.aec_available = EchoCanceller.available()
         # Set on every read of the playout and every flush: a response waiting for room under
         # its lead limit, or for its audio to be heard, looks again.
@@ -346,10 +350,18 @@ class Session:
 
     # ---- audio in ----------------------------------------------------------------------
 
-    def push_audio(self, pcm: np.ndarray, rate_hz: int) -> None:
+    def push_audio(self, pcm: np.ndarray, rate_hz: int, *, paid: bool = False) -> bool:
+        """Hear `pcm`, charged to `audio_credit` unless `paid` (its sender took the credit
+        before decoding it); audio past the credit is dropped (False), so that no transport
+        (a phone stream's burst of media, WebRTC's concealment of a gap) makes a session hear
+        faster than real time beyond the credit's burst."""
+        if not paid and not self.audio_credit.take(len(pcm) / rate_hz, time.monotonic()):
+            self.audio_dropped_s += len(pcm) / rate_hz
+            return False
         x = self.input.push(pcm, rate_hz, self.echo.near())
         if len(x) and self.settings.turn_detection is not None:
             self.hearing.push(self.echo.beside(x), self.input.end, time.monotonic())
+        return True
 
     def _clear_input(self) -> None:
         self.responses.abandon()  # an answer held for the turn that is dropped

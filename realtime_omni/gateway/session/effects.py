@@ -114,7 +114,7 @@ async def _push_b64(s: Session, audio: str, settings: Settings) -> None:
     for i in range(0, len(pcm), step):
         if i:
             await asyncio.sleep(0)
-        s.push_audio(pcm[i : i + step], fmt.rate_hz)
+        s.push_audio(pcm[i : i + step], fmt.rate_hz, paid=True)  # `ClientEvents._append` took it
 
 
 def _truncate(s: Session, item_id: str, ms: int) -> None:

@@ -31,8 +31,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from realtime_omni.aio import within
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.host import admit, release
+from realtime_omni.gateway.media.input_buffer import b64_seconds
 from realtime_omni.gateway.protocol.events import (
+    INLINE_JSON_BYTES,
     ProtocolError,
+    audio_too_fast,
     checked_event_id,
     event_id,
     loads_off_loop,
@@ -108,7 +111,7 @@ class LiveCall:
                 if not self.live.refused(ev, e):
                     replies.append(live_error(e))
         if step.audio is not None and len(step.audio):
-            self.session.push_audio(step.audio, self.config.format.rate_hz)
+            self.session.push_audio(step.audio, self.config.format.rate_hz, paid=True)
         if step.close is not None:
             self.close_requested.set()
         for r in replies:
@@ -133,6 +136,17 @@ class LiveCall:
                     code="invalid_event",
                     param="type",
                 )
+            if audio and isinstance(ev.get("audio"), str):
+                # The session's one audio credit, paid before the decoding (`push_audio`'s
+                # `paid`); a large append is decoded off the event loop.
+                fmt, credit = self.config.format, self.session.audio_credit
+                seconds = b64_seconds(len(ev["audio"]), fmt.sample_bytes, fmt.rate_hz)
+                if not credit.take(seconds, time.monotonic()):
+                    raise audio_too_fast(seconds, credit.speed, credit.burst_s)
+                if len(raw) > INLINE_JSON_BYTES:
+                    return await self.run(
+                        await asyncio.to_thread(self.live.client, ev, self.out_ms)
+                    )
             return await self.run(self.live.client(ev, self.out_ms))
         except ProtocolError as e:
             return [live_error(e, client_event_id)]

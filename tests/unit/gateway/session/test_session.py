@@ -478,6 +478,29 @@ def test_audio_appended_faster_than_real_time_past_a_burst_is_refused_not_queued
     run(body())
 
 
+def test_every_transports_audio_pays_one_credit_and_an_append_pays_once() -> None:
+    """`push_audio` (phone media, SIP, WebRTC and its concealment of gaps) had no credit: a
+    phone stream's 1 MiB message was 98 s heard at once. Now it charges the session's one
+    audio credit, shared with `input_audio_buffer.append`, which pays before decoding."""
+    import base64
+
+    async def body() -> None:
+        s = Session(FakeCoord(chunks=1))
+        assert s.client.credit is s.audio_credit  # one credit for every way in
+        burst = s.audio_credit.credit_s
+        assert s.push_audio(np.zeros(8000 * 100, np.int16), 8000)  # 100 s: within the burst
+        assert not s.push_audio(np.zeros(8000 * 60, np.int16), 8000)  # past it: dropped
+        assert s.audio_dropped_s == 60.0
+        assert abs(s.audio_credit.credit_s - (burst - 100)) < 0.1
+        ten_s = base64.b64encode(np.zeros(240000, np.int16).tobytes()).decode()
+        append = json.dumps({"type": "input_audio_buffer.append", "audio": ten_s})
+        assert await s.handle_text(append, 1 << 22) is None
+        assert abs(s.audio_credit.credit_s - (burst - 110)) < 0.2  # charged once, not twice
+        await s.close()
+
+    run(body())
+
+
 class BadStream(FakeStream):
     """An output the session's own handling breaks on (not an OmniError)."""
 

@@ -384,3 +384,28 @@ def test_a_message_over_the_limit_is_refused_on_the_connection_and_its_sideband(
             while (ev := recv_json(side))["type"] != "error":
                 pass
             assert ev["error"]["code"] == "too_large"
+
+
+def test_live_audio_pays_the_sessions_one_audio_credit_before_it_is_decoded() -> None:
+    """`session.input_audio.append` had no credit: one 8 MiB pcmu message was ~786 s of audio
+    decoded on the event loop. Now an append past the session's credit (130 s, then 4x real
+    time) is refused unread, and one within it is charged once."""
+    pcmu = {**START, "audio": {"format": {"type": "audio/pcmu"}}}
+    with gateway_server() as srv, srv.websocket("/v1/live/sessions") as ws:
+        ws.send(json.dumps({"type": "session.start", "event_id": "s", "session": pcmu}))
+        assert recv_json(ws)["type"] == "session.started"
+        (session,) = srv.gw.sessions
+        heard = session.input.end
+        big = base64.b64encode(bytes(8000 * 200)).decode()  # 200 s at 8 kHz
+        ws.send(json.dumps({"type": "session.input_audio.append", "audio": big}))
+        while (ev := recv_json(ws))["type"] != "error":
+            pass
+        assert ev["error"]["code"] == "rate_limit_exceeded", ev
+        assert session.input.end == heard  # nothing of it decoded or heard
+        ten = base64.b64encode(bytes(8000 * 10)).decode()
+        ws.send(json.dumps({"type": "session.input_audio.append", "audio": ten}))
+        ws.send(json.dumps({"type": "session.input_audio.mute", "event_id": "m"}))
+        while recv_json(ws)["type"] != "session.input_audio.muted":
+            pass
+        assert abs(session.input.end - heard - 16000 * 10) < 1000  # heard (the resampler lags)
+        assert 119 < session.audio_credit.credit_s <= 120.5  # charged once, not twice
