@@ -124,7 +124,9 @@ async def answer(ws: Any, out: dict[str, int], cancel: bool = False) -> dict[str
     deadline = time.monotonic() + 20
     while True:
         ev = json.loads(await asyncio.wait_for(ws.recv(), max(0.1, deadline - time.monotonic())))
-        if ev["type"] == "error":
+        # A stage that died fails the response, and its `error` (response_failed) says so beside
+        # the failed response.done: a clear failure. Any other error refused a polite caller.
+        if ev["type"] == "error" and ev["error"].get("code") != "response_failed":
             out["polite_errors"] += 1
         if ev["type"] == "response.done":
             return dict(ev["response"])

@@ -83,7 +83,8 @@ def test_sigterm_drains_a_live_call_to_its_end_then_exits(speech: np.ndarray) ->
         r = run(body(), limit_s=90)
     finally:
         proc.kill()
-    assert r["status"] == 503 and r["readyz"] == {"ready": False, "draining": True}, r
+    want = {"ready": False, "draining": True, "degraded": False, "down": {}}
+    assert r["status"] == 503 and r["readyz"] == want, r
     assert r["refused"]["code"] == "server_draining" and r["refused"]["close"] == 1013, r
     assert r["done"].response.status == "completed", r
     assert r["exit_after_hangup_s"] < 10, r  # once the last call ends, the process goes
