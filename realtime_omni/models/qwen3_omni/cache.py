@@ -387,6 +387,15 @@ class PreemptsNewest:
     def _seq(self, rid: str) -> int:
         return int(self.reqs[rid].seq)
 
+    def _drop(self, rid: str) -> None:
+        """Forget `rid` here (failed or refused), its row and blocks given back."""
+        r = self.reqs.pop(rid)
+        if r.row is not None:
+            self.cache.free(r.row)
+
+    def _holding_row(self, rid: str) -> bool:
+        return rid in self.reqs and self.reqs[rid].row is not None
+
     def _holding(self) -> list[str]:
         """Requests holding a row and blocks (held ones too)."""
         return [rid for rid, r in self.reqs.items() if r.row is not None]

@@ -299,9 +299,8 @@ class TalkerExecutor(HoldsRequests, PreemptsNewest):
         for rid in self._reserve_decode(decoding):
             self._drop(rid)
             emits.append(Emit(rid, error=self.grown_past("talker")))
-        decoding = [rid for rid in decoding if rid in self.reqs and self.reqs[rid].row is not None]
-        kept = [i for i, (rid, _, _) in enumerate(picked) if rid in self.reqs]
-        kept = [i for i in kept if self.reqs[picked[i][0]].row is not None]
+        decoding = [rid for rid in decoding if self._holding_row(rid)]
+        kept = [i for i, (rid, _, _) in enumerate(picked) if self._holding_row(rid)]
         picked, hidden = [picked[i] for i in kept], [hidden[i] for i in kept]  # none preempted
         if decoding:
             for rid, logits, h, t in self._decode(decoding):
@@ -367,11 +366,6 @@ class TalkerExecutor(HoldsRequests, PreemptsNewest):
         r.row = None
         r.arrived = self.clock()  # its wait for blocks starts again
         self.preemptions += 1
-
-    def _drop(self, rid: str) -> None:
-        r = self.reqs.pop(rid)
-        if r.row is not None:
-            self.cache.free(r.row)
 
     def _prefill(self, r: _Request) -> tuple[Any, int]:
         """Prefill an admitted request's inputs into a row: its prompt (continuing its

@@ -283,7 +283,7 @@ class ThinkerExecutor(HoldsRequests, PreemptsNewest):
         for rid in self._reserve_decode(decoding):
             self._drop(rid)
             failed.append(Emit(rid, error=self.grown_past("thinker")))
-        decoding = [rid for rid in decoding if rid in self.reqs and self.reqs[rid].row is not None]
+        decoding = [rid for rid in decoding if self._holding_row(rid)]
         if decoding:
             self.last_decode = self.clock()  # its start: a token every interval, however long
         emits = failed + (self._decode(decoding) if decoding else [])
@@ -359,11 +359,6 @@ class ThinkerExecutor(HoldsRequests, PreemptsNewest):
         r.prefilled = r.cached = 0
         r.embeds = r.pos = None
         r.hidden = []
-
-    def _drop(self, rid: str) -> None:
-        r = self.reqs.pop(rid)
-        if r.row is not None:
-            self.cache.free(r.row)
 
     def kv_stats(self) -> tuple[int, int, int, int]:
         """The KV pool: blocks in use, blocks in all, kept sessions evicted and requests
