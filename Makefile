@@ -43,10 +43,13 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy realtime_omni
 
+# Two workers (pytest-xdist), each file whole on one of them (its module fixtures start once):
+# most e2e time is real-time audio, half the cores idle in a serial run (1,170 s serial, 718 s
+# so, on two cores). One test alone: .venv/bin/python -m pytest tests/path::name
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy realtime_omni
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The gateway on http://127.0.0.1:8000 (OpenAI Realtime WebSocket at /v1/realtime).
 serve: install
