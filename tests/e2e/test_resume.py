@@ -8,7 +8,7 @@ import base64
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,21 @@ async def stats(server: str) -> dict[str, Any]:
     return await asyncio.to_thread(get)
 
 
+async def stats_when(
+    server: str, holds: Callable[[dict[str, Any]], bool], what: str, within_s: float = 5
+) -> dict[str, Any]:
+    """`/v1/stats` polled until `holds` is true of it, failing after `within_s` (scaled)."""
+    deadline = time.monotonic() + timeout(within_s)
+    while not holds(st := await stats(server)):
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}: {st}"
+        await asyncio.sleep(0.05)
+    return st
+
+
+def parked(st: dict[str, Any]) -> bool:
+    return bool(st["sessions"] == 1 and st["sessions_waiting_resume"] == 1)
+
+
 async def mid_answer(ws: ClientConnection, speech: np.ndarray) -> tuple[list[Any], str, str]:
     """Speak a turn and take about a second of its answer: (events, user item, answer item)."""
     seen: list[dict[str, Any]] = []
@@ -109,9 +124,7 @@ def test_resume_continues_the_answer_from_the_playback_ack(server: str, speech: 
             drop(ws)
         got = audio_of(seen, answer)
         heard_ms = got // 24 - 300  # the client played 300 ms less than it got
-        await asyncio.sleep(1.0)
-        st = await stats(server)
-        assert st["sessions"] == 1 and st["sessions_waiting_resume"] == 1
+        await stats_when(server, parked, "the server sees the drop and parks the session")
         last = seen[-1]["event_id"]
         query = {"resume": token, "last_event_id": last, "item_id": answer}
         async with opened(server, **query, audio_end_ms=heard_ms) as ws:
@@ -132,8 +145,8 @@ def test_resume_continues_the_answer_from_the_playback_ack(server: str, speech: 
             assert item["item"]["id"] == user
             st = await stats(server)
             assert st["sessions"] == 1 and st["sessions_waiting_resume"] == 0
-        await asyncio.sleep(0.5)
-        assert (await stats(server))["sessions"] == 0  # a clean close: no waiting
+        # a clean close: no waiting for a resume
+        await stats_when(server, lambda st: st["sessions"] == 0, "the closed session ends", 2)
 
     run(body(), 90)
 
@@ -168,10 +181,7 @@ def test_nobody_comes_back_the_session_ends_and_leaves_nothing(
             token = json.loads(await ws.recv())["resume"]["token"]
             await mid_answer(ws, speech)
             drop(ws)
-        t0 = time.monotonic()  # the server sees the drop, and parks the session
-        while (await stats(server))["sessions_waiting_resume"] != 1:
-            assert time.monotonic() - t0 < timeout(5), "the dropped session was not parked"
-            await asyncio.sleep(0.05)
+        await stats_when(server, parked, "the server sees the drop and parks the session")
         # The window's end lets go of the session at once (it no longer counts against the
         # limits) and releases it in the background: aborting its answer in every stage takes a
         # moment more. Gone is when neither count holds it.
@@ -197,7 +207,7 @@ def test_another_key_or_a_used_token_is_refused(server: str) -> None:
             created = json.loads(await ws.recv())
             token = created["resume"]["token"]
             drop(ws)
-        await asyncio.sleep(0.3)
+        await stats_when(server, parked, "the server sees the drop and parks the session")
         async with opened(server, OTHER_KEY, resume=token) as ws:
             err = json.loads(await ws.recv())
             assert err["error"]["code"] == "resume_token_not_yours"
@@ -215,10 +225,7 @@ def test_a_clean_close_does_not_wait(server: str) -> None:
         async with opened(server) as ws:
             assert "resume" in json.loads(await ws.recv())
             assert (await stats(server))["sessions"] == 1
-        t0 = time.monotonic()
-        while (await stats(server))["sessions"] and time.monotonic() - t0 < 2:
-            await asyncio.sleep(0.05)
-        st = await stats(server)
-        assert st["sessions"] == 0 and st["sessions_waiting_resume"] == 0
+        st = await stats_when(server, lambda st: st["sessions"] == 0, "the closed session ends", 2)
+        assert st["sessions_waiting_resume"] == 0
 
     run(body(), 30)
