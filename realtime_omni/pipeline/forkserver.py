@@ -44,11 +44,14 @@ READY_TIMEOUT_S = 300.0
 class ForkServer:
     """The coordinator's side: start the server, fork stage processes from it."""
 
-    def __init__(self, modules: list[str]) -> None:
+    def __init__(self, modules: list[str], env: dict[str, str] | None = None) -> None:
+        """`env`: the server's environment (default this process's): its stages' start from it
+        (the server's credentials left out: `environ.py`)."""
         mine, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "realtime_omni.pipeline.forkserver", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
+            env=env,
         )
         theirs.close()
         self.sock = mine

@@ -43,6 +43,7 @@ import msgspec
 
 from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.environ import stage_environ
 from realtime_omni.pipeline.graph import Graph, group_of
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class StageHost:
     def start(self, args_env: str, args_json: str, env: dict[str, str]) -> int:
         """Start the stage process; its pid."""
         cmd = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env, args_env: args_json})
+        base = stage_environ(os.environ)  # the node's, less its credentials
+        self.proc = subprocess.Popen(cmd, env={**base, **env, args_env: args_json})
         return self.proc.pid
 
     def wait(self) -> int:

@@ -28,6 +28,7 @@ from realtime_omni.aio import within
 from realtime_omni.errors import StartupError
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline.config import PipelineConfig
+from realtime_omni.pipeline.environ import stage_environ
 from realtime_omni.pipeline.forkserver import Forked, ForkServer
 from realtime_omni.pipeline.graph import Graph, group_of
 from realtime_omni.pipeline.ray_placement import RayPlacement, RayProcess
@@ -137,7 +138,7 @@ class Supervisor:
     def _new_fork_server(self) -> ForkServer:
         """A fork server with the config's modules imported; blocks for the imports (seconds
         with torch): call it off the loop."""
-        forks = ForkServer(self._fork_modules)
+        forks = ForkServer(self._fork_modules, self._stage_environ())
         try:
             forks.wait_ready()
         except BaseException:
@@ -216,9 +217,13 @@ class Supervisor:
             moved=dict(self.graph.moved),
         )
 
+    def _stage_environ(self) -> dict[str, str]:
+        """The server's environment less its credentials, the Curve key kept (environ.py)."""
+        return stage_environ(os.environ, keep=[self.cfg.runtime.curve_secret_env])
+
     def _spawn(self, process: str, epoch: int | None = None) -> LocalProcess:
         args = self._worker_args(process, epoch)
-        env = dict(os.environ, **{ARGS_ENV: msgspec.json.encode(args).decode()})
+        env = {**self._stage_environ(), ARGS_ENV: msgspec.json.encode(args).decode()}
         proc: LocalProcess | None = None
         if self.forks is not None:
             try:

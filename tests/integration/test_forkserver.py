@@ -10,6 +10,7 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
@@ -154,5 +155,32 @@ def test_a_stage_killed_with_the_fork_server_comes_back_within_3_s() -> None:
             assert forks is not None and forks is not first
             assert parent_of(coord.pid_of(victim)) == forks.proc.pid
             assert not coord.down
+
+    run(body())
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+def test_stage_processes_start_without_the_servers_credentials(
+    fork_server: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's API keys and a provider's token stay in the server: neither a stage's
+    environment nor the fork server's (its forks' initial one) holds them; the Curve key's
+    variable, which TCP edges need, and the rest (PATH) are kept."""
+    secrets = {"REALTIME_OMNI_API_KEYS": "sk-one", "TWILIO_AUTH_TOKEN": "tw", "SIP_PASSWORD": "x"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("REALTIME_OMNI_CURVE_SECRET", "kept")
+
+    async def body() -> None:
+        cfg = parse_config(simulated_config(FAST, fork_server=fork_server))
+        assert cfg.runtime.curve_secret_env == "REALTIME_OMNI_CURVE_SECRET"
+        async with Coordinator(cfg) as coord:
+            pids = [coord.pid_of(p) for p in coord.graph.local_processes()]
+            if coord.supervisor.forks is not None:
+                pids.append(coord.supervisor.forks.proc.pid)
+            for pid in pids:
+                env = psutil.Process(pid).environ()
+                assert not set(secrets) & set(env), (pid, sorted(set(secrets) & set(env)))
+                assert env["REALTIME_OMNI_CURVE_SECRET"] == "kept" and env["PATH"]
 
     run(body())
