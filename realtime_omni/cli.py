@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         help="offer only this address as a WebRTC host candidate (repeatable; e.g. 127.0.0.1)",
     )
     serve.add_argument(
+        "--ice-denied-networks",
+        help="comma-separated CIDR networks an offer's ICE candidates may not name (the server "
+        "would send STUN checks there); default link-local and metadata addresses, multicast "
+        "(GatewayConfig.ice_denied_networks); '' for none",
+    )
+    serve.add_argument(
         "--sip-port",
         type=int,
         help="answer SIP calls on this UDP port (the config's `sip:` section says the rest; "
@@ -191,6 +197,9 @@ def _serve(args: argparse.Namespace) -> int:
         drain_s=args.drain_s,
         drain_media_timeout_s=args.drain_media_timeout_s,
     )
+    if args.ice_denied_networks is not None:
+        denied = [n for n in args.ice_denied_networks.split(",") if n]
+        gw = dataclasses.replace(gw, ice_denied_networks=denied)
     aio.run(serve(server.pipeline, args.host, args.port, gw), args.loop)
     return 0
 

@@ -284,6 +284,20 @@ class GatewayConfig:
     # Addresses offered as ICE host candidates. None: every interface's, plus 127.0.0.1 (which
     # aioice leaves out, so a loopback-only machine could not call). ["127.0.0.1"]: loopback only.
     ice_host_addresses: list[str] | None = None
+    # ICE candidates an offer may not name (CIDR networks): the server would send STUN checks
+    # there. Default: link-local (169.254.0.0/16, fe80::/10, which holds the clouds' metadata
+    # service, 169.254.169.254), the AWS IPv6 metadata address, "this network" and multicast.
+    # Such candidates are taken out of the offer before it is parsed (the log says so).
+    ice_denied_networks: list[str] = field(
+        default_factory=lambda: [
+            "169.254.0.0/16",
+            "fe80::/10",
+            "fd00:ec2::254/128",
+            "0.0.0.0/8",
+            "224.0.0.0/4",
+            "ff00::/8",
+        ]
+    )
     phone: PhoneConfig = field(default_factory=PhoneConfig)  # the config file's `phone:`
     sip: SipConfig | None = None  # the config file's `sip:` with --sip-port; None: no SIP
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)  # the file's `realtime:`

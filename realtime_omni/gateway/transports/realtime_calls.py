@@ -153,8 +153,6 @@ async def create_call(request: Request) -> Response:
             raise SignallingError(
                 415, "send the offer as application/sdp, or multipart/form-data with `sdp`"
             )
-        if len(sdp.encode()) > MAX_OFFER_BYTES:
-            raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
         session = session if isinstance(session, dict) else {}
         bound = (grant.session or {}).get("type")
         if bound is not None and session.get("type", bound) != bound:

@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
@@ -52,7 +53,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from realtime_omni.aio import within
-from realtime_omni.errors import OmniError
+from realtime_omni.errors import ConfigError, OmniError
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.protocol.events import ProtocolError, error_event, loads_off_loop
@@ -77,6 +78,7 @@ CONNECT_TIMEOUT_S = 30.0  # from the answer to `connected`; then the call is dro
 MAX_BACKLOG = 256  # server events kept while the data channel is not open
 MAX_INBOX = 256  # client events received and not yet handled; more get an error
 MAX_BUFFERED_BYTES = 8 << 20  # data-channel bytes the client has not taken; more ends the call
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class SignallingError(OmniError):
@@ -97,10 +99,14 @@ def _malformed(what: str, e: Exception) -> SignallingError:
     return SignallingError(400, f"{what} (the server could not parse or answer it)", "invalid_sdp")
 
 
-def check_offer(text: str) -> None:
-    """Refuse (400) an offer with more media sections or ICE candidates than a call needs
-    (counted before parsing: 800 m= lines held the event loop 0.4 s in aiortc's parser), and one
-    that aiortc would accept but that can never connect."""
+def check_offer(text: str, denied: Sequence[IPNetwork] = ()) -> str:
+    """The offer as the server will take it, for every WebRTC route: refused (413) past
+    `MAX_OFFER_BYTES`, (400) with more media sections or ICE candidates than a call needs
+    (counted before parsing: 800 m= lines held the event loop 0.4 s in aiortc's parser), or one
+    that aiortc would accept but that can never connect; its candidates in a `denied` network
+    taken out (the server would send STUN checks there)."""
+    if len(text.encode()) > MAX_OFFER_BYTES:
+        raise SignallingError(413, f"an offer is at most {MAX_OFFER_BYTES} bytes", "too_large")
     lines = text.splitlines()
     for prefix, limit, what, code in (
         ("m=", MAX_MEDIA_SECTIONS, "media sections (m=)", "too_many_media_sections"),
@@ -121,6 +127,34 @@ def check_offer(text: str) -> None:
             raise SignallingError(400, f"{where} has no a=ice-ufrag / a=ice-pwd", "invalid_sdp")
         if m.dtls is None or not m.dtls.fingerprints:
             raise SignallingError(400, f"{where} has no DTLS a=fingerprint", "invalid_sdp")
+    kept = [line for line in lines if not _denied_candidate(line, denied)]
+    if len(kept) < len(lines):
+        log.info("offer: %d ICE candidates in denied networks left out", len(lines) - len(kept))
+        return "\r\n".join(kept) + "\r\n"
+    return text
+
+
+def denied_networks(cidrs: Sequence[str]) -> list[IPNetwork]:
+    """The config's `ice_denied_networks`; ConfigError for one that is not a network."""
+    try:
+        return [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    except ValueError as e:
+        raise ConfigError(
+            f"ice_denied_networks: {e}. Fix: CIDR networks, as 169.254.0.0/16"
+        ) from None
+
+
+def _denied_candidate(line: str, denied: Sequence[IPNetwork]) -> bool:
+    """An `a=candidate:` line (RFC 8839: foundation, component, transport, priority, address,
+    port, typ ...) whose address lies in a denied network; a name (mDNS) is not an address."""
+    if not denied or not line.startswith("a=candidate:"):
+        return False
+    fields = line.split()
+    try:
+        address = ipaddress.ip_address(fields[4])
+    except (IndexError, ValueError):
+        return False
+    return any(address in net for net in denied)
 
 
 class WebRtcCall:
@@ -302,6 +336,7 @@ class WebRtcCalls:
     def __init__(self, gw: Host) -> None:
         self.gw = gw
         self.rtc_config = rtc_configuration(gw.config.ice_servers)
+        self.denied = denied_networks(gw.config.ice_denied_networks)
         use_host_addresses(gw.config.ice_host_addresses)
         self.calls: dict[str, WebRtcCall] = {}
         self.totals = {"calls": 0, "frames": 0, "frames_late": 0, "resyncs": 0}
@@ -320,7 +355,7 @@ class WebRtcCalls:
         the call (a Live call: `live_webrtc.py`). `SignallingError` on refusal; a refused or
         failed offer leaves nothing behind."""
         grant = grant or Grant("open")
-        check_offer(sdp)  # before a session, or a pending call's place, is spent on it
+        sdp = check_offer(sdp, self.denied)  # before a session or a pending call's place
         while (refused := self.gw.refusal(grant)) is not None:
             # An offer that never connected (no ICE yet) yields its place to a new one of the
             # same grant, oldest first: unanswered POSTs cannot lock their own caller out for
