@@ -9,6 +9,7 @@ with an error that names it. No I/O; what each field does is said in `settings.p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -26,6 +27,12 @@ from realtime_omni.gateway.protocol.settings import (
     Voices,
 )
 from realtime_omni.gateway.turns.vad import VadParams
+
+# A session's settings as JSON (instructions, tools, tracing, ...) at most: every
+# `session.updated` (a 40-byte `session.update` asks for one) and `session.created` of a resumed
+# session echo all of them, so settings grown by several messages of up to 8 MiB each would
+# have the server serialise tens of megabytes per tiny request.
+MAX_SETTINGS_BYTES = 512 << 10
 
 # ---- parsing ---------------------------------------------------------------------------
 
@@ -240,7 +247,8 @@ def apply_session_update(
     settings, and one error per field refused (the others are applied). `where` names the
     object in errors (`response` for `response.create`'s). A field that is null is left as it
     is, as OpenAI does (its SDK's models send `instructions: null` for "not set"), except where
-    null means off (`NULL_MEANS_OFF`)."""
+    null means off (`NULL_MEANS_OFF`). Settings past `MAX_SETTINGS_BYTES` as JSON refuse the
+    whole update (ProtocolError `session_too_large`)."""
     if not isinstance(session, dict):
         raise ProtocolError(f"{where} must be an object", param=where)
     voices = voices or Voices()
@@ -335,7 +343,15 @@ def apply_session_update(
     ):
         if isinstance(obj, dict) and obj.get("speed") not in (None, 1, 1.0):
             f.refused.append(_unsupported(f"{at}.speed", "the talker speaks at one pace (1.0)"))
-    return replace(s, **changes), f.refused
+    new = replace(s, **changes)
+    if (size := len(json.dumps(new.to_openai("")))) > MAX_SETTINGS_BYTES and changes:
+        raise ProtocolError(
+            f"{where}: the settings would take {size} bytes as JSON, at most "
+            f"{MAX_SETTINGS_BYTES}: shorten the instructions or the tools (nothing was applied)",
+            code="session_too_large",
+            param=where,
+        )
+    return new, f.refused
 
 
 def _transcription_fields(session: dict[str, Any], where: str, f: _Fields) -> dict[str, Any]:

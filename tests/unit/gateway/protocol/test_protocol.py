@@ -318,3 +318,21 @@ def test_the_value_count_never_undercounts_whatever_the_strings_hold(
         for doc in docs:
             raw = json.dumps(doc)
             assert values(doc) <= json_values_at_most(raw) <= 3 * values(doc)
+
+
+def test_settings_grown_past_their_bound_are_refused_so_no_tiny_update_echoes_megabytes() -> None:
+    """Instructions and tools sent in separate messages (each under the 8 MiB message cap)
+    once grew a session's settings without bound, and every 40-byte `session.update` echoed
+    them all in its `session.updated`."""
+    from realtime_omni.gateway.protocol.session_update import MAX_SETTINGS_BYTES
+
+    s = apply_session_update(Settings(), {"instructions": "i" * (300 << 10)})
+    tool = {"type": "function", "name": "t", "parameters": {"description": "d" * (300 << 10)}}
+    with pytest.raises(ProtocolError) as e:
+        apply_with_errors(s, {"tools": [tool]})
+    assert e.value.code == "session_too_large" and "nothing was applied" in str(e.value)
+    with pytest.raises(ProtocolError):
+        apply_with_errors(s, {"tracing": {"metadata": {"k": "x" * (300 << 10)}}})
+    again, refused = apply_with_errors(s, {})
+    assert again == s and not refused
+    assert len(json.dumps(again.to_openai("sess"))) <= MAX_SETTINGS_BYTES
