@@ -68,7 +68,21 @@ class PhoneConfig(_Strict):
     public_url: str | None = Field(
         None,
         description="base URL providers reach this server at (wss://host[:port]); None: the "
-        "webhook request's Host, wss behind TLS (X-Forwarded-Proto: https), else ws",
+        "request's Host (or, with trust_forwarded_headers, X-Forwarded-Host and -Proto), wss "
+        "behind TLS, else ws. What the providers' signatures are checked against",
+    )
+    trust_forwarded_headers: bool = Field(
+        False,
+        description="with public_url unset, take the URL a provider requested from "
+        "X-Forwarded-Proto and X-Forwarded-Host (set this only behind a proxy that sets them "
+        "itself): otherwise anyone may name any host in them, and replay there a signature "
+        "captured for another server's URL",
+    )
+    replay_window_s: float = Field(
+        600.0,
+        gt=0,
+        description="a signed request (Twilio's voice webhook, Plivo's stream upgrade with its "
+        "nonce) seen again within this many seconds is refused (403) as a replay",
     )
     lead_ms: float = Field(80.0, gt=0, le=1000, description="audio sent ahead of real time")
     start_timeout_s: float = Field(10.0, gt=0, description="a stream must send `start` by then")

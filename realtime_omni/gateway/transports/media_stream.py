@@ -391,13 +391,16 @@ class PhoneCalls:
     def __init__(self, gw: Host) -> None:
         self.gw = gw
         self.live: set[PhoneCall] = set()
+        # signed requests taken (Twilio webhooks, Plivo nonces): a replay is refused
+        self.replays = signatures.Replays(gw.config.phone.replay_window_s)
 
     async def endpoint(self, ws: WebSocket) -> None:
         dialect = DIALECTS.get(ws.path_params.get("provider", ""))
         if dialect is None or not self.gw.config.phone.enabled:
             await ws.close(code=1008, reason="no such phone route")
             return
-        if (why := signatures.upgrade_refusal(dialect.name, ws, self.gw.config.phone)) is not None:
+        why = signatures.upgrade_refusal(dialect.name, ws, self.gw.config.phone, self.replays)
+        if why is not None:
             log.warning("%s stream refused: %s", dialect.name, why)
             await ws.close(code=1008, reason="the provider's signature does not match")
             return
@@ -427,9 +430,8 @@ def stream_url(request: Request, config: PhoneConfig, provider: str) -> str:
     """Where the provider should connect: the configured public URL, else this request's host."""
     if config.public_url:
         return f"{config.public_url.rstrip('/')}/v1/phone/{provider}"
-    proto = request.headers.get("x-forwarded-proto", request.url.scheme)
-    host = request.headers.get("x-forwarded-host") or request.headers.get("host", "localhost")
-    return f"{'wss' if proto == 'https' else 'ws'}://{host}/v1/phone/{provider}"
+    secure, host = signatures.public_base(request, config)
+    return f"{'wss' if secure else 'ws'}://{host}/v1/phone/{provider}"
 
 
 async def twilio_voice(request: Request) -> Response:
@@ -453,6 +455,9 @@ async def twilio_voice(request: Request) -> Response:
                 signatures.for_log(url),
             )
             return SignallingError(403, "X-Twilio-Signature does not match", "forbidden").response()
+        if not request.app.state.phones.replays.fresh(f"twilio {signed}"):
+            log.warning("twilio webhook refused: a replay of a request taken before")
+            return SignallingError(403, "a replay of a signed request", "forbidden").response()
     fields = (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
     params = {k: form.get(f, [""])[0] for k, f in fields}
     gw = request.app.state.gateway

@@ -31,8 +31,12 @@ WebSocket" name no signature on the connection; its webhooks' are documented per
 (developers.telnyx.com/api-reference/callbacks). With API keys set a Telnyx stream shows one in
 its `stream_url`'s `?token=`, as before.
 
-Neither signature carries a time: one seen in transit (TLS hides it) could be replayed. No I/O
-here but reading a connection's headers.
+Neither signature carries a time, so `Replays` remembers what was taken for
+`phone.replay_window_s`: a Twilio webhook's signature (over its CallSid and fields: each call's
+own) or a Plivo upgrade's nonce seen again is refused. Twilio's stream upgrade is signed over the
+stream's URL alone, the same for every call: no replay of it can be told from a new call (its
+session needs the secret the signed webhook minted, in the stream's `start`, where keys are
+set). No I/O here but reading a connection's headers.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ import base64
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from starlette.requests import HTTPConnection
@@ -52,18 +58,48 @@ DEFAULT_PORTS = {"https": 443, "wss": 443, "http": 80, "ws": 80}
 AS_HTTP = {"wss": "https", "ws": "http"}
 
 
-def public_url(conn: HTTPConnection, config: PhoneConfig) -> str:
-    """The URL a provider requested, as it named it (what it signs): `phone.public_url`'s scheme
-    and host, else this request's host behind `X-Forwarded-Proto`/`X-Forwarded-Host`; then the
-    path and query. A WebSocket upgrade's scheme is ws(s)://, a request's http(s)://."""
+MAX_REPLAYS = 100_000  # signatures and nonces remembered at most (oldest forgotten first)
+
+
+class Replays:
+    """What signed requests were taken within the window: `fresh(key)` is True the first time
+    a key is seen (and remembers it), False for a replay."""
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s, self.clock = window_s, clock
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def fresh(self, key: str) -> bool:
+        now = self.clock()
+        while self._seen and (
+            next(iter(self._seen.values())) < now - self.window_s or len(self._seen) > MAX_REPLAYS
+        ):
+            self._seen.popitem(last=False)
+        if key in self._seen:
+            return False
+        self._seen[key] = now
+        return True
+
+
+def public_base(conn: HTTPConnection, config: PhoneConfig) -> tuple[bool, str]:
+    """(secure, host[/prefix]) of the URL a provider requested: `phone.public_url`'s, else this
+    request's Host and scheme, or the proxy's `X-Forwarded-Proto`/`-Host` where the config
+    trusts them (`phone.trust_forwarded_headers`)."""
     if config.public_url:
         parts = urlsplit(config.public_url.rstrip("/"))
-        secure = parts.scheme in ("https", "wss")
-        host = parts.netloc + parts.path
-    else:
-        proto = conn.headers.get("x-forwarded-proto", conn.url.scheme).split(",")[0].strip()
-        secure = proto in ("https", "wss")
-        host = conn.headers.get("x-forwarded-host") or conn.headers.get("host", "localhost")
+        return parts.scheme in ("https", "wss"), parts.netloc + parts.path
+    headers = conn.headers
+    proto, host = conn.url.scheme, headers.get("host", "localhost")
+    if config.trust_forwarded_headers:
+        proto = headers.get("x-forwarded-proto", proto).split(",")[0].strip()
+        host = headers.get("x-forwarded-host") or host
+    return proto in ("https", "wss"), host
+
+
+def public_url(conn: HTTPConnection, config: PhoneConfig) -> str:
+    """The URL a provider requested, as it named it (what it signs): `public_base`, then the
+    path and query. A WebSocket upgrade's scheme is ws(s)://, a request's http(s)://."""
+    secure, host = public_base(conn, config)
     if conn.scope["type"] == "websocket":
         scheme = "wss" if secure else "ws"
     else:
@@ -157,10 +193,12 @@ def signs_upgrades(provider: str, config: PhoneConfig) -> bool:
     return provider == "plivo" and config.plivo_auth_token() is not None
 
 
-def upgrade_refusal(provider: str, conn: HTTPConnection, config: PhoneConfig) -> str | None:
+def upgrade_refusal(
+    provider: str, conn: HTTPConnection, config: PhoneConfig, replays: Replays
+) -> str | None:
     """Why a media stream's WebSocket upgrade is refused: the provider's auth token is set and
-    the upgrade's signature is missing or not over the URL it was sent to. None: let it in
-    (also every Telnyx stream: Telnyx signs no upgrade)."""
+    the upgrade's signature is missing or not over the URL it was sent to, or (Plivo) its nonce
+    was taken before. None: let it in (also every Telnyx stream: Telnyx signs no upgrade)."""
     headers = conn.headers
     if provider == "twilio" and (token := config.twilio_auth_token()) is not None:
         url = public_url(conn, config)
@@ -169,6 +207,9 @@ def upgrade_refusal(provider: str, conn: HTTPConnection, config: PhoneConfig) ->
     if provider == "plivo" and (token := config.plivo_auth_token()) is not None:
         url = public_url(conn, config)
         given = headers.getlist("x-plivo-signature-v3") + headers.getlist("x-plivo-signature-ma-v3")
-        if not plivo_signature_ok(token, url, headers.get("x-plivo-signature-v3-nonce"), given):
+        nonce = headers.get("x-plivo-signature-v3-nonce")
+        if not plivo_signature_ok(token, url, nonce, given):
             return f"X-Plivo-Signature-V3 does not match {for_log(url)}"
+        if not replays.fresh(f"plivo {nonce}"):
+            return f"a replay: nonce {nonce!r} was taken before"
     return None

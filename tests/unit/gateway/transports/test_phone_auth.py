@@ -15,6 +15,7 @@ import websockets
 from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.transports.media_stream import pending_refusal
 from realtime_omni.gateway.transports.signatures import (
+    Replays,
     plivo_signature,
     plivo_signature_ok,
     twilio_signature,
@@ -88,7 +89,8 @@ def test_stream_upgrades_need_the_providers_signature() -> None:
         assert refused(srv, "/v1/phone/twilio", forged) == 403
         good = {"X-Twilio-Signature": twilio_signature("twilio-auth-token", ws_url, {})}
         assert refused(srv, "/v1/phone/twilio", good) == 0
-        # behind a TLS proxy the URL Twilio connected to, and signed, is wss://
+        # behind a TLS proxy on this host the URL Twilio connected to, and signed, is wss://
+        # (uvicorn takes X-Forwarded-Proto from FORWARDED_ALLOW_IPS, 127.0.0.1 by default)
         tls = {**good, "X-Forwarded-Proto": "https"}
         assert refused(srv, "/v1/phone/twilio", tls) == 403
         wss_url = ws_url.replace("ws://", "wss://")
@@ -103,6 +105,7 @@ def test_stream_upgrades_need_the_providers_signature() -> None:
         assert refused(srv, path, forged) == 403
         good = {**nonce, "X-Plivo-Signature-V3": plivo_signature("plivo-auth-token", url, "13579")}
         assert refused(srv, path, good) == 0
+        assert refused(srv, path, good) == 403  # the same nonce again: a replay
         assert refused(srv, path, {**good, "X-Plivo-Signature-V3-Nonce": "24680"}) == 403
 
         assert refused(srv, "/v1/phone/telnyx", {}) == 0
@@ -250,3 +253,46 @@ def test_a_stream_takes_a_key_or_the_webhooks_secret_not_a_browsers() -> None:
         _, _, twiml = srv.request("POST", f"/v1/phone/twilio/voice?token={KEY}", b"CallSid=1")
         webhook = twiml.decode().split('name="token" value="')[1].split('"')[0]
         assert stream_with(srv, webhook) is not None
+
+
+def test_behind_a_trusted_proxy_the_signed_url_is_the_proxys() -> None:
+    """With `trust_forwarded_headers` the URL Twilio connected to, and signed, is the proxy's
+    (wss://, its X-Forwarded-Host); without, a forwarded host cannot borrow a signature made
+    for another server's URL."""
+    env = {TOKEN_ENV: "twilio-auth-token"}
+    elsewhere = "wss://other.example.com/v1/phone/twilio"
+    borrowed = {
+        "X-Twilio-Signature": twilio_signature("twilio-auth-token", elsewhere, {}),
+        "X-Forwarded-Proto": "https",
+        "X-Forwarded-Host": "other.example.com",
+    }
+    phone = {"twilio_auth_token_env": TOKEN_ENV}
+    with gateway_server(env=env, phone=phone) as srv:
+        assert refused(srv, "/v1/phone/twilio", borrowed) == 403
+    with gateway_server(env=env, phone={**phone, "trust_forwarded_headers": True}) as srv:
+        assert refused(srv, "/v1/phone/twilio", borrowed) == 0
+
+
+def test_a_signed_webhook_replayed_is_refused() -> None:
+    """A captured voice webhook, sent again, would mint another stream secret: refused."""
+    env = {TOKEN_ENV: "twilio-auth-token"}
+    with gateway_server(keys=KEY, env=env, phone={"twilio_auth_token_env": TOKEN_ENV}) as srv:
+        path = f"/v1/phone/twilio/voice?token={KEY}"
+        body = b"CallSid=CA7&From=%2B15550100&To=%2B15550199"
+        url = f"http://127.0.0.1:{srv.port}{path}"
+        signed = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "X-Twilio-Signature": twilio_signature(
+                "twilio-auth-token", url, parse_qs(body.decode())
+            ),
+        }
+        assert srv.request("POST", path, body, signed)[0] == 200
+        assert srv.request("POST", path, body, signed)[0] == 403
+
+
+def test_replays_are_remembered_for_the_window_and_forgotten_after() -> None:
+    now = [0.0]
+    seen = Replays(600, clock=lambda: now[0])
+    assert seen.fresh("a") and not seen.fresh("a")
+    now[0] = 601
+    assert seen.fresh("a")  # past the window: a provider may sign the same again
