@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +30,14 @@ async def until(condition: Callable[[], bool], what: str, within_s: float = 10.0
     while not condition():
         assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
         await asyncio.sleep(0.01)
+
+
+async def freeze(pid: int) -> None:
+    """SIGSTOP `pid` and wait until it has stopped. A stop is not immediate: the kernel stops a
+    process when the thread it picked runs again, and on a busy machine its other threads can
+    run on (handle a message, answer it) meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    await until(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, f"{pid} stopped")
 
 
 def run(coro: Coroutine[Any, Any, Any], limit_s: float = 60) -> Any:

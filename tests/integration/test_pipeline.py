@@ -31,7 +31,7 @@ from realtime_omni.pipeline.config import parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
 from realtime_omni.pipeline.shm import OWNER, SHM_DIR, list_segments
 from realtime_omni.pipeline.worker import MAX_DRAIN
-from tests.conftest import ROOT, run, simulated_config, timeout, until
+from tests.conftest import ROOT, freeze, run, simulated_config, timeout, until
 from tests.integration.executors import SpinExecutor
 
 FAST = 0.2  # simulated step times at a fifth: the graph's shape matters here, not its speed
@@ -347,7 +347,7 @@ def test_an_abort_a_stage_never_acknowledges_in_time_is_named_and_forgotten() ->
                 if out.stage == "code2wav":  # the talker holds the request
                     break
             talker = coord.pid_of("talker_ar#0")
-            os.kill(talker, signal.SIGSTOP)
+            await freeze(talker)
             try:
                 with pytest.raises(OmniError, match=r"not acknowledged within 0.3 s by: .*talker"):
                     await coord.abort(stream.request_id)
@@ -595,7 +595,7 @@ def test_a_dead_replica_does_not_cut_short_the_abort_of_a_request_on_another() -
             assert ra != rb, "both requests on one replica: the test shows nothing"
             frozen = coord.supervisor.procs[f"talker_ar#{rb}"]
             await asyncio.sleep(0.3)  # both streaming
-            os.kill(frozen.pid, signal.SIGSTOP)
+            await freeze(frozen.pid)
             try:
                 aborting = asyncio.create_task(coord.abort(b.request_id))
                 await asyncio.sleep(0.3)
@@ -674,7 +674,7 @@ def test_a_request_no_stage_answers_fails_at_its_deadline_with_the_cause() -> No
     async def body() -> None:
         async with Coordinator(parse_config(cfg)) as coord:
             frozen = coord.pid_of("thinker#0") or 0
-            os.kill(frozen, signal.SIGSTOP)
+            await freeze(frozen)
             try:
                 t0 = time.monotonic()
                 stuck = await coord.submit({"max_tokens": 4})
