@@ -4,6 +4,7 @@ real shared memory."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -475,11 +477,22 @@ def test_segments_left_by_a_killed_server_are_cleaned_at_the_next_start(tmp_path
         # the fork server and the stage processes forked from it
         children = psutil.Process(server.pid).children(recursive=True)
         assert len(list_segments(server.pid)) > 0
-        server.kill()
-        server.wait()
-        psutil.wait_procs(children, timeout=timeout(5))  # they notice their parent is gone
-        assert not any(c.is_running() and c.status() != "zombie" for c in children)
-        assert list_segments(server.pid)  # the coordinator's own segment stays behind
+        # Any coordinator that starts on this machine (another test's, in the other worker)
+        # sweeps a dead owner's segments: ours waits for the dead server's lock, so that its
+        # segments, which the kill left, are seen left, and the sweep below is the one that
+        # removes them.
+        lock = os.open(SHM_DIR / f"{OWNER}{server.pid}", os.O_RDWR)
+        holder = threading.Thread(target=fcntl.flock, args=(lock, fcntl.LOCK_EX))
+        holder.start()  # blocks while the server holds it
+        try:
+            server.kill()
+            server.wait()
+            holder.join(timeout(5))
+            psutil.wait_procs(children, timeout=timeout(5))  # they notice their parent is gone
+            assert not any(c.is_running() and c.status() != "zombie" for c in children)
+            assert list_segments(server.pid)  # the coordinator's own segment stays behind
+        finally:
+            os.close(lock)  # the dead server's segments are stale now
 
         async def body() -> None:
             async with Coordinator(parse_config(simulated_config(FAST))):
