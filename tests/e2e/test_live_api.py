@@ -38,7 +38,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     thinker["executor"] = "tests.e2e.executors:ScriptedThinker"
     record = d / "thinker.jsonl"
     thinker["params"].update(call=CALL, answer=ANSWER, record_to=str(record))
-    cfg["stages"]["talker_ar"]["params"]["max_frames"] = MAX_FRAMES
+    # Greedy: a sampled random-weight talker can draw its codec end early (an answer of 21
+    # frames, not 30, in one suite run), and the answers' lengths are what the test reads.
+    cfg["stages"]["talker_ar"]["params"].update(max_frames=MAX_FRAMES, temperature=0.0)
     path = d / "live.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with serving("--max-sessions", "1", config=path) as url:
@@ -50,10 +52,12 @@ def _prompts(record: Path) -> list[str]:
 
 
 def _check_barge_in(summary: dict[str, Any]) -> None:
-    """The answer the person spoke over stopped early; a whole one ran its 2.4 s."""
+    """The answer the person spoke over stopped early; the first turn's answers (what the
+    model said before delegating, then the whole 2.4 s answer) made at least 2.4 s of audio.
+    Not its longest run: an underrun of 300 ms on a busy machine splits a run in two."""
     runs = [end - start for start, end in summary["runs"]]
     cut = runs[summary["cut_run"]]
-    assert max(runs) >= 2000 and cut < 1500, summary["runs"]
+    assert summary["loud_ms_first"] >= MAX_FRAMES * 80 and cut < 1500, summary["runs"]
 
 
 def test_livekit_gpt_live_model(server: tuple[str, Path], speech: Any, tmp_path: Path) -> None:

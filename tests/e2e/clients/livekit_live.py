@@ -167,6 +167,9 @@ async def main(base_url: str, speech_path: str) -> dict[str, Any]:
     if not await wait_for(lambda: "sunny" in out["said"], 30):
         out["errors"].append("timed out: no answer spoken after the delegation")
     await wait_for(lambda: ears.runs and ears.out_ms - ears.runs[-1][1] > 1500, 10)
+    # The loud audio of the answers so far (an underrun on a busy machine splits a run; it
+    # takes nothing from this sum).
+    out["loud_ms_first"] = sum(end - start for start, end in ears.runs)
     # 2. Speech again; at the first audio of its answer the person speaks over it.
     ears.first_audio.clear()
     await mic.say(pcm)
