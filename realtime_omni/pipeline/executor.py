@@ -79,6 +79,9 @@ class StageContext:
     # The whole config, for an executor that sizes what it holds with the stages beside it (a
     # KV pool sharing its GPU: `cache.pool_blocks`); None where an executor runs on its own.
     pipeline: PipelineConfig | None = None
+    # A folder private to this run of the pipeline on this host (the ipc folder), for what its
+    # stage processes share (a simulated GPU's time: `pipeline/sim_device.py`); None in-process.
+    run_dir: str | None = None
 
 
 class Executor(Protocol):

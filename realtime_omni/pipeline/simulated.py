@@ -41,6 +41,12 @@ way, at its own `first_step_ms` per `prompt_tokens`, as the real talker's kept r
 waits while a prefill-only request of its session still prefills. A synthetic payload (no
 `messages`) costs the fixed figures above.
 
+Floors at a source's figures: a conversation's first prefill (no kept prefix) costs at least
+`min_prefill_ms` (generate, follow); an encoder step with windows to encode at least
+`min_step_ms` (transform with `per_token_ms`). `gpu` names the GPU the real stage shares with
+others: stages naming the same one share its time (`sim_device.py`: k stepping together each
+advance at 1/k of their speed), in stage processes (the run's folder holds the device's slots).
+
 Every step says what it cost for each request (`step_shares`: a batch's fixed part split
 evenly), so a request's `compute_s` (`pipeline/meter.py`) is what it made the stages do,
 an aborted one's included.
@@ -79,6 +85,7 @@ from realtime_omni.errors import ConfigError
 from realtime_omni.pipeline.executor import Emit, StageContext
 from realtime_omni.pipeline.messages import CLIENT
 from realtime_omni.pipeline.relay import dtype_of
+from realtime_omni.pipeline.sim_device import SharedDevice
 from realtime_omni.pipeline.sim_prompt import (
     Block,
     has_image,
@@ -124,6 +131,7 @@ class _Req:
     prompt: int = 0  # prompt tokens (generate)
     blocks: list[Block] | None = None  # the prompt as the payload describes it (sim_prompt.py)
     cached: int = 0  # prompt tokens its session's kept prefix held
+    rate: float = 0.0  # seconds per prompt token of its prefill (floored: `min_prefill_ms`)
     started: bool = False  # its prefill began: it took its session's kept prefix
     held: bool = False  # its outputs wait for credit: make nothing for it
     spoken: int = 0  # samples of the speech given so far (a speaking chunk stage)
@@ -183,6 +191,15 @@ class SimulatedExecutor:
         # leaves out what follows the turn's audio): an image encoder with this set does
         # nothing for it, as the real one given no patches.
         self.skip_without_image = bool(p.get("skip_without_image", False))
+        # Floors at the source's figures: a conversation's first prefill (no kept prefix) costs
+        # at least `min_prefill_ms`; an encoder step with windows to encode at least
+        # `min_step_ms` (+ `per_request_ms` per further request with windows to encode).
+        self.min_prefill_s = float(p.get("min_prefill_ms", 0.0)) / 1000
+        self.min_step_s = float(p.get("min_step_ms", 0.0)) / 1000
+        # `gpu`: the GPU its real stage shares with others (sim_device.py): their steps share
+        # its time. In a stage process only (the run's folder holds the device's slots).
+        gpu = p.get("gpu")
+        self.gpu = SharedDevice(ctx.run_dir, str(gpu)) if gpu is not None and ctx.run_dir else None
         self.windows: OrderedDict[str, None] = OrderedDict()  # encoded audio windows
         self.sessions: OrderedDict[str, list[Block]] = OrderedDict()  # kept prompt prefixes
         self.shares: dict[str, float] = {}  # seconds of the last step's cost, per request
@@ -256,15 +273,19 @@ class SimulatedExecutor:
             batch, cost = self._generate_batch(batch)
         else:
             cost = self._cost(batch)
-        time.sleep(cost)
+        if self.gpu is not None:
+            self.gpu.spend(cost)
+        else:
+            time.sleep(cost)
         for rid in batch:
             emits += self._produce(rid)
         return emits
 
     def _generate_batch(self, batch: list[str]) -> tuple[list[str], float]:
         """Decode rows and prefill chunks of one step: who emits, and what the step costs.
-        A prefill chunk costs `first_step_ms` pro rata per token of `prompt_tokens`; the
-        tokens a session's kept prefix holds cost nothing. A step's forward reads every weight,
+        A prefill chunk costs `first_step_ms` pro rata per token of `prompt_tokens` (a first
+        pass at least `min_prefill_ms` in all); the tokens a session's kept prefix holds cost
+        nothing. A step's forward reads every weight,
         so a step of prefill chunks alone costs at least `step_ms`, as a decode step does."""
         decoding = [rid for rid in batch if self.reqs[rid].first_done]
         fixed = self.step_s / len(decoding) if decoding else 0.0
@@ -288,7 +309,7 @@ class SimulatedExecutor:
             chunk = min(budget, r.prompt - r.prefilled)
             budget -= chunk
             r.prefilled += chunk
-            self.shares[rid] = self.first_step_s * chunk / self.prompt_tokens
+            self.shares[rid] = r.rate * chunk
             prefilling.append(rid)
         if prefilling and not decoding:
             short = self.step_s - sum(self.shares.values())
@@ -301,13 +322,14 @@ class SimulatedExecutor:
     def _follow_prefill(self, r: _Req) -> float:
         """A follow stage's (the talker's) prefill, whole in its first step: `first_step_ms` for
         a synthetic request; a conversation's, pro rata per token of its prompt past its
-        session's kept prefix (as the thinker's), never less than a step."""
+        session's kept prefix (as the thinker's; a first pass at least `min_prefill_ms`), never
+        less than a step."""
         if r.blocks is None:
             return self.first_step_s
         self._take_prefix(r)
         new = r.prompt - r.prefilled
         r.prefilled = r.prompt
-        return max(self.step_s, self.first_step_s * new / self.prompt_tokens)
+        return max(self.step_s, r.rate * new)
 
     def _take_prefix(self, r: _Req) -> None:
         """At its prefill's start, a request takes its session's kept prefix (as the real
@@ -317,6 +339,9 @@ class SimulatedExecutor:
         kept = self.sessions.pop(str(session), None) if session else None
         if kept is not None and r.blocks is not None:
             r.cached = r.prefilled = max(0, shared_tokens(kept, r.blocks))
+        r.rate = self.first_step_s / self.prompt_tokens
+        if not r.cached and (new := r.prompt - r.prefilled) > 0:  # its conversation's first pass
+            r.rate = max(r.rate, self.min_prefill_s / new)
 
     # ---- roles ---------------------------------------------------------------------------
 
@@ -374,9 +399,12 @@ class SimulatedExecutor:
     def _transform_cost(self, reqs: dict[str, _Req]) -> None:
         """`first_step_ms` for a step's first request and `per_request_ms` for each other; with
         `per_token_ms`, a request whose turn's audio windows are known pays per token of those
-        not encoded before (a window two requests of the step need, half each)."""
+        not encoded before (a window two requests of the step need, half each); the requests with
+        a window to encode pay at least `min_step_ms` together (and `per_request_ms` for each
+        after the first), in proportion: a pass of the encoder costs at least that."""
         plain = []
         todo: dict[str, int] = {}  # windows to encode in this step: digest -> requests needing it
+        passes = []  # requests with a window to encode: each is a pass of the encoder
         for rid, r in reqs.items():
             windows = r.meta.get("audio_windows") if self.per_token_s else None
             if self.skip_without_image and r.meta.get("image") is False:
@@ -384,6 +412,8 @@ class SimulatedExecutor:
             elif windows is None:
                 plain.append(rid)
             else:
+                if any(d not in self.windows for d, _ in windows):
+                    passes.append(rid)
                 for d, _ in windows:
                     if d not in self.windows:
                         todo[d] = todo.get(d, 0) + 1
@@ -398,6 +428,10 @@ class SimulatedExecutor:
             for d, _ in windows:
                 self.windows[d] = None
                 self.windows.move_to_end(d)
+        floor = self.min_step_s + self.per_request_s * (len(passes) - 1) if passes else 0.0
+        if self.min_step_s and floor > (paid := sum(self.shares[rid] for rid in passes)):
+            for rid in passes:  # raised to the floor, each in proportion to its windows
+                self.shares[rid] = self.shares[rid] * floor / paid
         while len(self.windows) > self.cache_windows:
             self.windows.popitem(last=False)
 

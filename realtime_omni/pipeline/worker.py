@@ -160,6 +160,7 @@ class Worker:
                 max_batch=st.max_batch,
                 max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
                 pipeline=self.cfg,
+                run_dir=str(self.ipc_dir),
             )
             self.stages[name] = Stage(
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]

@@ -193,3 +193,35 @@ def test_a_conversation_without_an_image_costs_no_image_work(clock: Clock) -> No
     talker.end_stream("a", "thinker")
     assert [e.done for e in talker.step()] == [False, True]  # its second frame, and done
     assert talker.sessions["s"] == [("context", 300), *meta["audio_windows"]]  # kept
+
+
+def test_a_first_pass_costs_at_least_its_sources_figure_a_continuation_per_token(
+    clock: Clock,
+) -> None:
+    """The floors (the report's audio figures): every encoder pass, and a conversation's first
+    prefill in the thinker and the talker; a prefill past a kept prefix pays per token."""
+    enc = stage("transform", first_step_ms=60, per_token_ms=0.5, min_step_ms=60)
+    audio = speech(3)  # 39 tokens: 19.5 ms
+    enc.add_request("a", {"pre": windows(audio)})
+    enc.step()
+    enc.add_request("again", {"pre": windows(audio)})  # every window encoded: no pass
+    enc.step()
+    enc.add_request("long", {"pre": windows(speech(20, seed=1))})  # 260 tokens: 130 ms
+    enc.step()
+    assert clock.slept == [60, 0, 130]
+
+    th = stage("generate", first_step_ms=500, prompt_tokens=1000, step_ms=10, context_tokens=30,
+               min_prefill_ms=88)  # fmt: skip
+    th.add_request("p", {"pre": windows(audio, prefill_only=True)})  # 30 + 39 tokens: 34.5 ms
+    th.step()
+    assert clock.slept[-1] == 88
+    th.add_request("answer", {"pre": {**windows(speech(4)), "max_tokens": 1}})
+    th.step()  # the context was kept: its 52 audio tokens at 0.5 ms
+    assert clock.slept[-1] == 26
+
+    talker = stage("follow", first_step_ms=210, prompt_tokens=1214, step_ms=20,
+                   context_tokens=300, per_input=2, min_prefill_ms=57)  # fmt: skip
+    talker.add_request("a", {"pre": {**windows(speech(2)), "max_tokens": 1}})
+    talker.add_item("a", "thinker", {"token_time": 0.0})
+    talker.step()  # 326 tokens at 210 / 1214 ms: 56.4 ms, under the floor
+    assert talker.step_shares()["a"] == pytest.approx(0.057)
