@@ -1,6 +1,7 @@
 """Concurrency: many streaming requests through the pipeline at once, batched against unbatched.
 
-For each config (the simulated Qwen3-Omni timings, and the tiny real model on this CPU) and each
+For each config (the simulated Qwen3-Omni timings given its fixed image+audio request, or with
+simulated-audio a 3 s spoken turn alone; the tiny real model on this CPU) and each
 number of streams N, starts N streaming requests `--stagger-ms` apart through the real stage
 processes (no gateway), reads every output as it comes, and reports, for the config as it is
 (every stage batching up to its `max_batch`) and with `max_batch: 1` on every stage (one request
@@ -22,8 +23,8 @@ first-audio target divides by is a median, not one request's figure.
 A count may repeat (`--streams 1,16,16`): the same server meets that burst again, with the
 kernels for the first one's shapes built; every row goes to the JSON, the verdict reads the last.
 
-    python benchmarks/concurrency.py [--configs tiny,simulated] [--streams 1,4,16,64]
-        [--max-tokens 16] [--stagger-ms 50] [--device cuda:0] [--json PATH]
+    python benchmarks/concurrency.py [--configs tiny,simulated,simulated-audio]
+        [--streams 1,4,16,64] [--max-tokens 16] [--stagger-ms 50] [--device cuda:0] [--json PATH]
 
 Targets (tiny config, 16 streams, this 2-core machine): batched frames/s >= 4 x unbatched,
 worst_rtf < 1, first audio p99 <= 2 x the one-stream p50.
