@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from realtime_omni.pipeline.executor import StageContext
 from realtime_omni.pipeline.sim_prompt import audio_tokens, shared_tokens, truncated
 from realtime_omni.pipeline.simulated import SimulatedExecutor
+from tests.conftest import ROOT
 from tests.unit.pipeline.test_simulated import Clock
 
 RATE = 16000
@@ -225,3 +227,35 @@ def test_a_first_pass_costs_at_least_its_sources_figure_a_continuation_per_token
     talker.add_item("a", "thinker", {"token_time": 0.0})
     talker.step()  # 326 tokens at 210 / 1214 ms: 56.4 ms, under the floor
     assert talker.step_shares()["a"] == pytest.approx(0.057)
+
+
+def test_an_audio_only_first_turn_costs_at_least_the_reports_first_packet(clock: Clock) -> None:
+    """configs/simulated-qwen3-omni.yaml's stages, a 3 s spoken turn with no image, through to
+    the vocoder's first chunk: the compute is at least the Qwen3-Omni report's theoretical first
+    packet for audio in, 72 + 88 + 57 + 14 + 3 = 234 ms (it was ~178 before the floors)."""
+    cfg = yaml.safe_load((ROOT / "configs" / "simulated-qwen3-omni.yaml").read_text())
+
+    def of(name: str) -> Any:
+        params = cfg["stages"][name]["params"]
+        return SimulatedExecutor(StageContext(name, "cpu", params, {}, ["next"]))
+
+    payload = turn(speech(3))
+    payload["messages"][-1]["content"].pop()  # no camera
+    pre = of("preprocessing")
+    pre.add_request("r", {"client": payload})
+    meta = next(e.data for e in pre.step() if e.data)
+    meta = {k: v for k, v in meta.items() if not isinstance(v, np.ndarray)} | {"max_tokens": 4}
+    enc, thinker, talker, vocoder = (of(n) for n in ("audio_encoder", "thinker", "talker_ar",
+                                                     "code2wav"))  # fmt: skip
+    for stage in (enc, thinker, talker, vocoder):
+        stage.add_request("r", {"pre": meta})
+    enc.step()
+    token = next(e.data for e in thinker.step() if e.data)
+    talker.add_item("r", "thinker", token)
+    frames = [e.data for e in talker.step() if e.data]
+    talker.add_item("r", "thinker", token)
+    frames += [e.data for e in talker.step() if e.data]
+    for frame in frames[:2]:
+        vocoder.add_item("r", "talker_ar", frame)
+    assert [e for e in vocoder.step() if e.data]  # its first chunk: two frames
+    assert sum(clock.slept) >= 234, clock.slept
