@@ -33,7 +33,7 @@ import msgspec
 import zmq
 
 from realtime_omni.aio import within
-from realtime_omni.errors import OmniError, RequestAborted, RequestError, StageDied
+from realtime_omni.errors import ConfigError, OmniError, RequestAborted, RequestError, StageDied
 from realtime_omni.pipeline import messages as m
 from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import PipelineConfig
@@ -85,7 +85,11 @@ class Coordinator:
             self.cfg, self.graph = self.supervisor.cfg, self.supervisor.graph
             self.requests.graph = self.graph
             if self.graph.use_tcp and not os.environ.get(rt.curve_secret_env):
-                os.environ[rt.curve_secret_env] = sockets.keygen()  # this deployment's own key
+                raise ConfigError(
+                    f"the stages span Ray nodes, whose edges need the deployment's CurveZMQ key "
+                    f"in {rt.curve_secret_env}. Fix: `realtime-omni keygen`, and set it in the "
+                    "environment of `ray start` on every node and of this server"
+                )
         self.secret = sockets.curve_secret(self.cfg)  # before anything is made that needs undoing
         if rt.ipc_dir:  # refused (open to others) before the owner lock is taken
             self.ipc_dir = Path(rt.ipc_dir)

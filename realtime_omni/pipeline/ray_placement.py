@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 
 from realtime_omni.errors import ConfigError
+from realtime_omni.pipeline import sockets
 from realtime_omni.pipeline.config import PipelineConfig
 from realtime_omni.pipeline.environ import stage_environ
 from realtime_omni.pipeline.graph import Graph, group_of
@@ -73,11 +74,13 @@ class StageHost:
 
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
-    def start(self, args_env: str, args_json: str, env: dict[str, str]) -> int:
-        """Start the stage process; its pid."""
+    def start(self, args_env: str, args_json: str, keep: list[str]) -> int:
+        """Start the stage process with this node's environment less its credentials, but
+        those named in `keep` (the Curve key's variable: each node has its own copy, set where
+        `ray start` ran, so no secret travels in an actor call); its pid."""
         cmd = [sys.executable, "-m", "realtime_omni.pipeline.worker"]
-        base = stage_environ(os.environ)  # the node's, less its credentials
-        self.proc = subprocess.Popen(cmd, env={**base, **env, args_env: args_json})
+        env = stage_environ(os.environ, keep=keep)
+        self.proc = subprocess.Popen(cmd, env={**env, args_env: args_json})
         return self.proc.pid
 
     def wait(self) -> int:
@@ -163,6 +166,10 @@ class RayPlacement:
         self.closed = False
         self._owns_ray = not ray.is_initialized()  # then close() shuts down what init started
         if self._owns_ray:
+            if rt.ray_address is None and not os.environ.get(rt.curve_secret_env):
+                # A one-node Ray of this server's own: its nodes' processes inherit a key made
+                # here (an existing cluster's nodes have theirs from where `ray start` ran).
+                os.environ[rt.curve_secret_env] = sockets.keygen()
             # The stage processes' output comes back to this server's (log_to_driver).
             ray.init(address=rt.ray_address, include_dashboard=False,
                      configure_logging=False)  # fmt: skip
@@ -249,11 +256,11 @@ class RayPlacement:
                 log.info("stage process %s: its actor is restarting; asking again", process)
                 time.sleep(LOCATE_RETRY_S)
 
-    def start(self, process: str, args: Any, args_env: str, env: dict[str, str]) -> RayProcess:
+    def start(self, process: str, args: Any, args_env: str, keep: list[str]) -> RayProcess:
         """Run `process` (`WorkerArgs`) through its actor."""
         actor = self.actors[process]
         ray = self.ray
-        pid = ray.get(actor.start.remote(args_env, msgspec.json.encode(args).decode(), env))
+        pid = ray.get(actor.start.remote(args_env, msgspec.json.encode(args).decode(), keep))
         node, _ = ray.get(actor.node.remote())
         return RayProcess(ray, actor, int(pid), node)
 

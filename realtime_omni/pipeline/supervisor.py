@@ -250,8 +250,7 @@ class Supervisor:
                 await asyncio.shield(self._replacing)
             self._spawn(process)
             return
-        key = self.cfg.runtime.curve_secret_env
-        env = {key: os.environ[key]} if key in os.environ else {}
+        keep = [self.cfg.runtime.curve_secret_env]  # its name: each node has the key itself
         try:
             node, ip = await asyncio.to_thread(self.ray.locate, process)
             if node != self.ray.where[process][0]:  # Ray restarted its actor elsewhere
@@ -266,7 +265,7 @@ class Supervisor:
                 self.graph.moved[process] = ip  # peers learn it from PeerUp
                 self.host.moved(process)  # connected to where it was
             args = self._worker_args(process)
-            proc = await asyncio.to_thread(self.ray.start, process, args, ARGS_ENV, env)
+            proc = await asyncio.to_thread(self.ray.start, process, args, ARGS_ENV, keep)
         except StartupError:
             raise
         except Exception as e:  # its actor is gone for good, or Ray is

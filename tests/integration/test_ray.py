@@ -20,8 +20,9 @@ import yaml
 
 from realtime_omni.aio import within
 from realtime_omni.errors import RequestError, StageDied
-from realtime_omni.pipeline.config import parse_config
+from realtime_omni.pipeline.config import RuntimeConfig, parse_config
 from realtime_omni.pipeline.coordinator import Coordinator
+from realtime_omni.pipeline.sockets import keygen
 from tests.conftest import ROOT, free_port_block, run, timeout
 
 # Every node, the driver and the workers on 127.0.0.1: Ray otherwise resolves "127.0.0.1" to
@@ -40,6 +41,10 @@ PLACE = {
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[Any, dict[str, Any]]]:
+    # The deployment's CurveZMQ key, in the environment of every node as `ray start` would have
+    # it there (the nodes inherit this process's): the server sends no secret to its actors.
+    key = RuntimeConfig().curve_secret_env
+    os.environ.setdefault(key, keygen())
     c = Cluster(
         initialize_head=True,
         head_node_args={
