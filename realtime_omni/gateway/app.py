@@ -129,12 +129,21 @@ class Gateway:
         if grant is not None and grant.kind == "secret":
             cap = self.auth.max_sessions_per_secret
             held = sum(1 for s in self.sessions if s.owner == grant.owner)
-            if held >= cap and not self.resumes.give_way(self, grant.owner):
+            if held >= cap and self.resumes.give_way(self, grant.owner):
+                self.auth.uncount(grant.owner)  # the parked one ended: its place is the new one's
+            elif held >= cap:
                 return (
                     f"this client secret already holds its limit of {cap} live session(s) "
                     "(realtime.client_secret_max_sessions); end that call first, or have your "
                     "backend mint another secret",
                     "client_secret_session_limit",
+                )
+            if self.auth.started(grant.owner) >= cap:
+                return (
+                    f"this client secret has started its {cap} session(s) "
+                    "(realtime.client_secret_max_sessions): a secret is good for that many "
+                    "calls; have your backend mint another",
+                    "client_secret_used",
                 )
         if len(self.sessions) >= self.config.max_sessions and not self.resumes.give_way(self):
             return (

@@ -18,9 +18,12 @@ What each grant may do:
 - a client secret (`ek_...`, minted by `POST /v1/realtime/client_secrets` with a key, expiring
   after `ttl_s`): the routes that start or end a call (`CALL_ROUTES`) and nothing else: no
   stats, no metrics, no minting, no webhook. Every call it starts begins with the session
-  settings it was minted with; it holds at most `max_sessions_per_secret` live sessions at once
-  (`Gateway.refusal`); it may hang up and attach a sideband to its own calls only. A secret the
-  Twilio webhook mints for a stream (`purpose="phone"`) is good for a phone stream alone.
+  settings it was minted with; it starts at most `max_sessions_per_secret` sessions in all, not
+  one after another until it expires (a session that never connected, or that a new one of the
+  same secret replaced while it waited for a resume, gives its place back), and holds at most
+  that many at once (`Gateway.refusal`); it may hang up and attach a sideband to its own calls
+  only. A secret the Twilio webhook mints for a stream (`purpose="phone"`) is good for a phone
+  stream alone.
 
 Secrets live in memory, at most `MAX_SECRETS` of them and `max_bytes` of their session settings
 (the oldest go first); a restart voids them.
@@ -102,6 +105,7 @@ class Auth:
         self.max_sessions_per_secret = max_sessions_per_secret  # read by `Gateway.refusal`
         self._secrets: OrderedDict[str, _Secret] = OrderedDict()
         self._bytes = 0  # of the secrets' sessions
+        self._started: dict[str, int] = {}  # a secret's digest -> sessions it started
 
     @property
     def required(self) -> bool:
@@ -145,8 +149,23 @@ class Auth:
             return None
         return Grant("secret", secret.session, _digest("secret", token), secret.purpose)
 
+    def started(self, owner: str) -> int:
+        """Sessions the secret of digest `owner` started and still counts."""
+        return self._started.get(owner, 0)
+
+    def count_start(self, owner: str) -> None:
+        """A session was admitted for `owner`: a secret's counts against its sessions."""
+        if owner.startswith("secret:"):
+            self._started[owner] = self.started(owner) + 1
+
+    def uncount(self, owner: str) -> None:
+        """A secret's session gave its place to a newer one of the same secret."""
+        if self._started.get(owner):
+            self._started[owner] -= 1
+
     def _drop(self, value: str) -> None:
         self._bytes -= self._secrets.pop(value).size
+        self._started.pop(_digest("secret", value), None)
 
     def _purge(self, now: float) -> None:
         for value in [v for v, s in self._secrets.items() if s.expires_at <= now]:

@@ -218,8 +218,10 @@ class RealtimeConfig(_Strict):
         1,
         ge=1,
         le=64,
-        description="live sessions one client secret may hold at once (a page's own call); "
-        "more are refused with client_secret_session_limit",
+        description="sessions one client secret may start in all, and hold at once (a page's "
+        "own call): more at once are refused with client_secret_session_limit, more in all with "
+        "client_secret_used (one that never connected, or that a new one replaced while it "
+        "waited for a resume, gives its place back)",
     )
     live_max_session_s: float = Field(
         3600.0,

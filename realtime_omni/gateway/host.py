@@ -67,6 +67,7 @@ def admit(
     callers); the caller checked `host.refusal` first, and starts it."""
     session = host.new_session(model, output_rate_hz, transport, owner)
     host.sessions.add(session)
+    host.auth.count_start(owner)
     return session
 
 

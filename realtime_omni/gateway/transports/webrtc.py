@@ -366,11 +366,13 @@ class WebRtcCalls:
                 if not c.connected.is_set() and c.session.owner == grant.owner
             ]
             if not pending or self.gw.draining:
-                status = 429 if refused[1] == "client_secret_session_limit" else 503
+                secret = ("client_secret_session_limit", "client_secret_used")
+                status = 429 if refused[1] in secret else 503
                 raise SignallingError(status, *refused)
             old = pending[0]
             self.forget(old)  # out of the registry and the count now; it closes in the background
             self.gw.sessions.discard(old.session)
+            self.gw.auth.uncount(old.session.owner)  # it never connected: no call was made
             old.end("its place went to a newer offer before it connected")
         session = admit(
             self.gw, output_rate_hz=PLAYOUT_RATE_HZ, transport=transport, owner=grant.owner

@@ -4,12 +4,14 @@ whole app on real sockets."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
 from realtime_omni.gateway.auth import Auth
+from tests.conftest import timeout
 from tests.unit.gateway.app_harness import (
     Served,
     bearer,
@@ -171,3 +173,21 @@ def test_an_offer_never_takes_another_grants_pending_place() -> None:
         # the same grant's newest offer takes its own oldest pending place, as before
         assert whip(srv, KEY, sdp)[0] == 201
         assert call_of(srv, held[0]) is None and call_of(srv, held[1]) is not None
+
+
+def test_a_secret_starts_its_stated_number_of_sessions_not_one_after_another() -> None:
+    """realtime.client_secret_max_sessions (1): a call ended does not let the same secret start
+    another; a key mints a new secret for the next call."""
+    with gateway_server(keys=KEY) as srv:
+        secret = mint(srv, {})
+        with srv.websocket("/v1/realtime", bearer(secret)) as ws:
+            assert recv_json(ws)["type"] == "session.created"
+        deadline = time.monotonic() + timeout(5)
+        while srv.gw.sessions:  # the ended call let go of its place
+            assert time.monotonic() < deadline, "the closed session was not forgotten"
+            time.sleep(0.01)
+        with srv.websocket("/v1/realtime", bearer(secret)) as ws:
+            err = recv_json(ws)
+            assert err["error"]["code"] == "client_secret_used", err
+        with srv.websocket("/v1/realtime", bearer(mint(srv, {}))) as ws:
+            assert recv_json(ws)["type"] == "session.created"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from realtime_omni.gateway.auth import Auth
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.session.driver import Session
 from realtime_omni.gateway.transports.channel import EventChannel
@@ -43,6 +44,7 @@ class FakeHost:
     def __init__(self) -> None:
         self.sessions: set[Session] = set()
         self.forgotten: list[Session] = []
+        self.auth = Auth()
 
     def new_session(
         self, model: str, output_rate_hz: int | None, transport: str, owner: str
