@@ -85,7 +85,10 @@ class Gateway:
         rt = self.config.realtime
         keys = rt.api_keys() | set(self.config.api_keys)
         self.auth = Auth(  # no keys: nothing checked
-            keys, rt.client_secret_ttl_s, max_sessions_per_secret=rt.client_secret_max_sessions
+            keys,
+            rt.client_secret_ttl_s,
+            max_sessions_per_secret=rt.client_secret_max_sessions,
+            admin_keys=rt.admin_api_keys(),
         )
         self.trimmer = HeapTrimmer()
         self.draining = False  # SIGTERM: no new session; live ones go on (`serve`'s drain)

@@ -14,7 +14,9 @@ parameters (`media_stream.py` checks it there).
 
 What each grant may do:
 
-- an API key (long-lived, for servers): every route;
+- an API key (long-lived, for servers): every route; it acts (hangs up, attaches a sideband)
+  on its own calls, those the secrets it minted started among them; an admin key
+  (`realtime.admin_api_keys_env`) on every call;
 - a client secret (`ek_...`, minted by `POST /v1/realtime/client_secrets` with a key, expiring
   after `ttl_s`): the routes that start or end a call (`CALL_ROUTES`) and nothing else: no
   stats, no metrics, no minting, no webhook. Every call it starts begins with the session
@@ -67,6 +69,7 @@ class Grant:
     session: dict[str, Any] | None = None  # a client secret's session settings
     owner: str = "open"  # who: a key's or a secret's digest; the sessions it started carry it
     purpose: Purpose = "call"  # a secret's: a browser's call, or one phone stream
+    admin: bool = False  # a key that may act on every call, not only its own
 
     @property
     def trusted(self) -> bool:
@@ -98,14 +101,18 @@ class Auth:
         ttl_s: int = 600,
         max_bytes: int = MAX_SECRET_BYTES,
         max_sessions_per_secret: int = 1,
+        admin_keys: Iterable[str] = (),
     ) -> None:
-        self.keys = {_bytes(k): _digest("key", k) for k in keys}
+        self.admins = {_digest("key", k) for k in admin_keys}
+        self.keys = {_bytes(k): _digest("key", k) for k in [*keys, *admin_keys]}
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.max_sessions_per_secret = max_sessions_per_secret  # read by `Gateway.refusal`
         self._secrets: OrderedDict[str, _Secret] = OrderedDict()
         self._bytes = 0  # of the secrets' sessions
         self._started: dict[str, int] = {}  # a secret's digest -> sessions it started
+        # a secret's digest -> the key that minted it (kept past the secret: its calls go on)
+        self._minted_by: OrderedDict[str, str] = OrderedDict()
 
     @property
     def required(self) -> bool:
@@ -116,16 +123,25 @@ class Auth:
         return self._bytes
 
     def mint(
-        self, session: dict[str, Any], ttl_s: int | None = None, purpose: Purpose = "call"
+        self,
+        session: dict[str, Any],
+        ttl_s: int | None = None,
+        purpose: Purpose = "call",
+        minted_by: str | None = None,
     ) -> tuple[str, int]:
-        """A new client secret bound to `session` settings, and when it expires (unix s). The
-        oldest secrets go past `MAX_SECRETS` or `max_bytes`."""
+        """A new client secret bound to `session` settings, and when it expires (unix s);
+        `minted_by`: the key that asked for it, which owns its calls too. The oldest secrets go
+        past `MAX_SECRETS` or `max_bytes`."""
         now = time.time()
         self._purge(now)
         value = f"ek_{secrets.token_urlsafe(24)}"
         expires_at = int(now + min(ttl_s or self.ttl_s, self.ttl_s))
         size = len(json.dumps(session)) + 256  # and the entry's own keep
         self._secrets[value] = _Secret(expires_at, session, purpose, size)
+        if minted_by is not None:
+            self._minted_by[_digest("secret", value)] = minted_by
+            while len(self._minted_by) > 4 * MAX_SECRETS:
+                self._minted_by.popitem(last=False)
         self._bytes += size
         while len(self._secrets) > MAX_SECRETS or self._bytes > self.max_bytes:
             self._bytes -= self._secrets.popitem(last=False)[1].size
@@ -140,7 +156,7 @@ class Auth:
         given = _bytes(token)
         for key, owner in self.keys.items():
             if hmac.compare_digest(given, key):
-                return Grant("key", owner=owner)
+                return Grant("key", owner=owner, admin=owner in self.admins)
         secret = self._secrets.get(token)
         if secret is None:
             return None
@@ -148,6 +164,13 @@ class Auth:
             self._drop(token)
             return None
         return Grant("secret", secret.session, _digest("secret", token), secret.purpose)
+
+    def owns(self, grant: Grant, owner: str) -> bool:
+        """Whether `grant` may act on a call whose session `owner` started: its own, a call of
+        a secret its key minted, or any call for an admin key (or with no keys at all)."""
+        if grant.kind == "open" or grant.admin or grant.owner == owner:
+            return True
+        return grant.kind == "key" and self._minted_by.get(owner) == grant.owner
 
     def started(self, owner: str) -> int:
         """Sessions the secret of digest `owner` started and still counts."""

@@ -19,6 +19,7 @@ sip:
 realtime:
   voices: {alloy: chelsie, ash: ethan}    # OpenAI's voice names -> the checkpoint's speakers
   api_keys_env: REALTIME_OMNI_API_KEYS    # the keys themselves live in the environment
+  admin_api_keys_env: REALTIME_OMNI_ADMIN_KEYS  # keys that may act on every call
   cors_origins: ["https://app.example.com"]
   allowed_hosts: [voice.example.com]      # Host names answered besides loopback's
   client_secret_max_sessions: 1           # live sessions one client secret may hold
@@ -211,6 +212,12 @@ class RealtimeConfig(_Strict):
         description="environment variable holding the API keys, comma-separated (never put "
         "them in this file); unset or empty: no authentication, loopback only",
     )
+    admin_api_keys_env: str = Field(
+        "REALTIME_OMNI_ADMIN_KEYS",
+        description="environment variable holding admin API keys, comma-separated: keys that "
+        "may act on every call (hang up, attach a sideband); any other key acts on its own calls "
+        "and those of the client secrets it minted",
+    )
     client_secret_ttl_s: int = Field(
         600, ge=10, le=7200, description="a client secret's life unless its request asks less"
     )
@@ -279,6 +286,10 @@ class RealtimeConfig(_Strict):
 
     def api_keys(self) -> frozenset[str]:
         raw = os.environ.get(self.api_keys_env, "")
+        return frozenset(k.strip() for k in raw.split(",") if k.strip())
+
+    def admin_api_keys(self) -> frozenset[str]:
+        raw = os.environ.get(self.admin_api_keys_env, "")
         return frozenset(k.strip() for k in raw.split(",") if k.strip())
 
 

@@ -352,7 +352,7 @@ async def attach_endpoint(ws: WebSocket) -> None:
     own only (another's is "no such session", as one that does not exist)."""
     call = ws.app.state.live.get(ws.path_params["session_id"])
     grant = grant_of(ws.scope)
-    if call is None or not (grant.trusted or grant.owner == call.session.owner):
+    if call is None or not ws.app.state.gateway.auth.owns(grant, call.session.owner):
         await ws.close(code=1008, reason="no such session")
         return
     await ws.accept()

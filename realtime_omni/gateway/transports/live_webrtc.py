@@ -244,7 +244,7 @@ async def hangup(request: Request) -> Response:
     client secret ends its own only."""
     live: LiveCall | None = request.app.state.live.get(request.path_params["session_id"])
     grant = grant_of(request.scope)
-    if live is None or not (grant.trusted or grant.owner == live.session.owner):
+    if live is None or not request.app.state.gateway.auth.owns(grant, live.session.owner):
         return SignallingError(404, "no such session", "session_not_found").response()
     call = request.app.state.webrtc.calls.get(live.id)
     if isinstance(call, LiveWebRtcCall):

@@ -96,7 +96,7 @@ async def client_secrets(request: Request) -> Response:
         shown = _check_settings(gw, session, "session")
     except SignallingError as e:
         return _refusal(400, str(e), "invalid_value", "session")
-    value, expires_at = gw.auth.mint(session, ttl)
+    value, expires_at = gw.auth.mint(session, ttl, minted_by=grant_of(request.scope).owner)
     return JSONResponse(
         {"value": value, "expires_at": expires_at, "session": shown.to_openai("sess_pending")}
     )

@@ -148,12 +148,13 @@ class RealtimeConnection:
 async def sideband(ws: WebSocket, call_id: str, subprotocol: str | None, beta: bool) -> None:
     """`/v1/realtime?call_id=`: a copy of a WebRTC call's events from now on, and client events
     for its session (OpenAI's sideband connection); it ends with the call, the call goes on
-    without it. An API key's holder may attach to any call, a client secret to its own calls
-    only (another's is "no such call", as one that does not exist)."""
+    without it. An API key's holder may attach to its own calls and those of the secrets it
+    minted (an admin key to any), a client secret to its own calls only (another's is "no such
+    call", as one that does not exist)."""
     gw: Host = ws.app.state.gateway
     call = ws.app.state.webrtc.calls.get(call_id)
     grant = grant_of(ws.scope)
-    if call is None or not (grant.trusted or grant.owner == call.session.owner):
+    if call is None or not gw.auth.owns(grant, call.session.owner):
         await ws.close(code=1008, reason="no such call")
         return
     await ws.accept(subprotocol=subprotocol)

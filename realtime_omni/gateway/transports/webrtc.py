@@ -500,7 +500,7 @@ async def end_call(request: Request, call_id: str) -> Response:
     its own calls only (another's is 404, as one that does not exist)."""
     call = request.app.state.webrtc.calls.get(call_id)
     grant = grant_of(request.scope)
-    if call is None or not (grant.trusted or grant.owner == call.session.owner):
+    if call is None or not request.app.state.gateway.auth.owns(grant, call.session.owner):
         return SignallingError(404, "no such call", "call_not_found").response()
     await call.close()
     return Response(status_code=200)

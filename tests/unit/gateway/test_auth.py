@@ -191,3 +191,22 @@ def test_a_secret_starts_its_stated_number_of_sessions_not_one_after_another() -
             assert err["error"]["code"] == "client_secret_used", err
         with srv.websocket("/v1/realtime", bearer(mint(srv, {}))) as ws:
             assert recv_json(ws)["type"] == "session.created"
+
+
+def test_a_key_acts_on_its_own_calls_and_an_admin_key_on_all() -> None:
+    """Keys are not one trust level: another key's call is "no such call" (it was every key's);
+    the key that minted a secret owns the secret's calls; an admin key acts on every call."""
+    sdp = offer()
+    env = {"TEST_ADMIN_KEYS": "sk-admin"}
+    realtime = {"admin_api_keys_env": "TEST_ADMIN_KEYS"}
+    with gateway_server(keys=f"{KEY},sk-other", env=env, realtime=realtime) as srv:
+        for starter in (KEY, mint(srv)):  # the key's own call, and one of a secret it minted
+            location = whip(srv, starter, sdp)[1]["location"]
+            call_id = location.rsplit("/", 1)[1]
+            assert srv.request("DELETE", location, None, bearer("sk-other"))[0] == 404
+            assert refused(srv, f"/v1/realtime?call_id={call_id}", bearer("sk-other")) == 403
+            with srv.websocket(f"/v1/realtime?call_id={call_id}", bearer("sk-admin")) as ws:
+                assert recv_json(ws)["type"] == "session.updated"
+            assert srv.request("DELETE", location, None, bearer(KEY))[0] == 200
+        location = whip(srv, "sk-other", sdp)[1]["location"]
+        assert srv.request("DELETE", location, None, bearer("sk-admin"))[0] == 200
