@@ -220,6 +220,23 @@ def test_another_key_or_a_used_token_is_refused(server: str) -> None:
     run(body(), 60)
 
 
+def test_the_token_may_go_in_a_header_and_out_of_the_url(server: str) -> None:
+    """No proxy's access log need keep it: `X-Resume-Token` resumes as `?resume=` does."""
+
+    async def body() -> None:
+        async with opened(server) as ws:
+            created = json.loads(await ws.recv())
+            drop(ws)
+        await stats_when(server, parked, "the server sees the drop and parks the session")
+        headers = {"Authorization": f"Bearer {KEY}", "X-Resume-Token": created["resume"]["token"]}
+        async with connect(ws_url(server), additional_headers=headers, close_timeout=1) as ws:
+            again = json.loads(await ws.recv())
+            assert again["session"]["id"] == created["session"]["id"]
+            assert again["resume"]["resumed"] is True
+
+    run(body(), 60)
+
+
 def test_a_clean_close_does_not_wait(server: str) -> None:
     async def body() -> None:
         async with opened(server) as ws:

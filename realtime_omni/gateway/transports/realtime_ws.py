@@ -197,7 +197,7 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         return
     await ws.accept(subprotocol=subprotocol)
     grant = grant_of(ws.scope)
-    token = ws.query_params.get("resume")
+    token = resume_token(ws)
     if token is not None:
         await resume(ws, gw, token, grant.owner, beta)
         return
@@ -219,6 +219,19 @@ async def realtime_endpoint(ws: WebSocket) -> None:
         await release(gw, session)
         raise
     await attend(ws, gw, session, beta, gw.resumes.hold(session, grant.owner))
+
+
+RESUME_SUBPROTOCOL = "realtime-omni-resume."
+
+
+def resume_token(ws: WebSocket) -> str | None:
+    """The resume token a reconnect carries: `?resume=`, the `X-Resume-Token` header, or a
+    browser's subprotocol `realtime-omni-resume.<token>` (resume.py); None: a new session."""
+    token = ws.query_params.get("resume") or ws.headers.get("x-resume-token")
+    for p in offered_subprotocols(ws.scope) if token is None else ():
+        if p.startswith(RESUME_SUBPROTOCOL):
+            return p[len(RESUME_SUBPROTOCOL) :]
+    return token
 
 
 async def resume(ws: WebSocket, gw: Host, token: str, owner: str, beta: bool) -> None:

@@ -11,7 +11,9 @@ The wire: `session.created` carries a top-level `resume` object, `{"token", "win
 "resumed"}` (the SDK's types keep unknown fields; a client that does not know it ignores it).
 A client whose connection dropped (no close frame: TCP lost, a phone on a train) reconnects
 within `window_s` to `/v1/realtime?resume=<token>` with the key or client secret that made the
-session, and may add
+session (the token may instead go in an `X-Resume-Token` header, or from a browser in the
+subprotocol `realtime-omni-resume.<token>`, so that no proxy's access log keeps it), and may
+add
 
 - `last_event_id`: the last event it got; the events sent after it (audio deltas aside) are sent
   again, with their event ids (the last `REPLAY_EVENTS`, within the replay's byte budget: an
