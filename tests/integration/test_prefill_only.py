@@ -59,10 +59,11 @@ def test_a_turn_prefilled_while_spoken_costs_its_answer_only_the_rest() -> None:
             whole = await coord.submit(turn(20, "other"))
             check_complete(await whole.collect(), 3)
             a, w = await settled(answer), await settled(whole)
-            # The answer's audio encoder had its 4 s tail left (52 tokens, not 260); its
-            # thinker 104 + 52 + 784 tokens of 1,344 to prefill (the context and window 1
-            # kept: 74 ms less at 0.183 ms a token), beside the same decode steps.
-            assert a["audio_encoder"] < 0.4 * w["audio_encoder"]
+            # The answer's audio encoder had its 4 s tail left (52 tokens, not 260: a pass at
+            # its floor, 60 ms, against 120); its thinker 104 + 52 + 784 tokens of 1,344 to
+            # prefill (the context and window 1 kept: 74 ms less at 0.183 ms a token), beside
+            # the same decode steps.
+            assert a["audio_encoder"] < 0.6 * w["audio_encoder"]
             assert a["thinker"] < w["thinker"] - 0.037
             assert a["talker_ar"] == pytest.approx(w["talker_ar"], rel=0.5)
             await all_slots_free(coord)
