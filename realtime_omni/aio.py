@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib.util
-from collections.abc import Awaitable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -64,3 +65,23 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class ReadPace:
+    """A connection's reads held to `rate` bytes a second beyond a `burst`: after each message,
+    `await pace.took(n)` sleeps while the bucket is below zero, so the connection is not read
+    meanwhile and TCP holds its sender back (a client that streams megabytes of JSON a second
+    would otherwise take the event loop from every call's audio)."""
+
+    def __init__(
+        self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.level, self.last = burst, clock()
+
+    async def took(self, n: int) -> None:
+        now = self.clock()
+        self.level = min(self.burst, self.level + (now - self.last) * self.rate) - n
+        self.last = now
+        if self.level < 0:
+            await asyncio.sleep(-self.level / self.rate)

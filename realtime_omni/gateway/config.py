@@ -297,6 +297,10 @@ class RealtimeConfig(_Strict):
 class GatewayConfig:
     max_sessions: int = 16  # more connections are refused with `too_many_sessions`
     max_message_bytes: int = 8 << 20  # larger WebSocket messages get `message_too_large`
+    # What one WebSocket's client may send a second, beyond a burst of two largest messages:
+    # past it the connection is not read until it is back under (`aio.ReadPace`). Audio at 4x
+    # real time is under 0.3 MB/s.
+    max_client_bytes_per_s: int = 2 << 20
     max_lead_ms: float = 2000.0  # audio made ahead of playout, per session
     send_ahead_ms: float = 100.0  # WebSocket audio sent ahead of real time (client jitter)
     entry_slot_bytes: int = 4 << 20  # a turn's payload limit (conversation audio and images),

@@ -2,10 +2,12 @@
 
 import asyncio
 import threading
+from unittest import mock
 
 import pytest
 
 from realtime_omni import aio
+from realtime_omni.aio import ReadPace
 
 
 async def loop_module() -> str:
@@ -33,3 +35,24 @@ def test_an_unknown_loop_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'trio': one of asyncio, uvloop"):
         aio.run(coro, "trio")
     coro.close()
+
+
+def test_reads_past_the_burst_wait_for_the_rate() -> None:
+    """A client sending past its byte rate is not read until it is back under: 10 MB at 2 MB/s
+    beyond a 4 MB burst waits 3 s in all."""
+    now = [0.0]
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    async def body() -> None:
+        pace = ReadPace(2e6, 4e6, clock=lambda: now[0])
+        for _ in range(10):
+            await pace.took(1_000_000)
+
+    with mock.patch("realtime_omni.aio.asyncio.sleep", sleep):
+        asyncio.run(body())
+    assert sum(slept) == pytest.approx(3.0)
+    assert len(slept) == 6  # none within the burst, then one a message

@@ -28,7 +28,7 @@ import numpy as np
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from realtime_omni.aio import within
+from realtime_omni.aio import ReadPace, within
 from realtime_omni.gateway.auth import grant_of
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.media.input_buffer import b64_seconds
@@ -191,12 +191,16 @@ class LiveConnection:
         await within(self.ws.send_text(json.dumps(event)), SEND_TIMEOUT_S)
 
     async def receive_loop(self) -> None:
+        config = self.call.gw.config
+        pace = ReadPace(config.max_client_bytes_per_s, 2 * config.max_message_bytes)
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
                 self.hung_up = closed_by_client(msg)
                 return
-            for reply in await self.call.handle(message_text(msg)):
+            text = message_text(msg)
+            await pace.took(len(text))
+            for reply in await self.call.handle(text):
                 await self.send(reply)
 
     async def on_session_event(self, ev: dict[str, Any]) -> None:
@@ -368,11 +372,15 @@ async def attach_endpoint(ws: WebSocket) -> None:
             await send(ev)
 
     async def receive() -> None:
+        config = ws.app.state.gateway.config
+        pace = ReadPace(config.max_client_bytes_per_s, 2 * config.max_message_bytes)
         while True:
             msg = await ws.receive()
             if msg["type"] == "websocket.disconnect":
                 return
-            for reply in await call.handle(message_text(msg)):
+            text = message_text(msg)
+            await pace.took(len(text))
+            for reply in await call.handle(text):
                 await send({"event_id": event_id(), **reply})
 
     tasks = [asyncio.create_task(pump()), asyncio.create_task(receive())]

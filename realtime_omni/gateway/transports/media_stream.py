@@ -54,7 +54,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from realtime_omni.aio import within
+from realtime_omni.aio import ReadPace, within
 from realtime_omni.gateway.auth import Grant, grant_of
 from realtime_omni.gateway.config import PhoneConfig
 from realtime_omni.gateway.host import admit, release
@@ -126,6 +126,8 @@ class PhoneCall:
         self.waiting = waiting  # (credentialed, address): its place until `start`
         self.name = dialect.name
         self.config: PhoneConfig = gw.config.phone
+        # the provider's reads held to the gateway's byte rate (`aio.ReadPace`)
+        self._pace = ReadPace(gw.config.max_client_bytes_per_s, 2 * self.config.max_message_bytes)
         self.start: Start | None = None
         self.session: Session | None = None
         self.heard = Heard()
@@ -214,6 +216,7 @@ class PhoneCall:
             raw = msg.get("text")
             if raw is None:
                 raw = (msg.get("bytes") or b"").decode("utf-8", "replace")
+            await self._pace.took(len(raw))
             if self.session is None and len(raw) > self.config.max_start_bytes:
                 log.warning(
                     "%s stream: a message of %d bytes before `start` (the limit: %d); closing",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from realtime_omni.aio import within
+from realtime_omni.aio import ReadPace, within
 from realtime_omni.gateway.auth import grant_of, offered_subprotocols
 from realtime_omni.gateway.host import admit, release
 from realtime_omni.gateway.protocol.events import error_event, event_id
@@ -80,11 +80,14 @@ class RealtimeConnection:
         closed the connection itself (a close frame, whatever its code), False when the
         connection was lost."""
         limit = self.gw.config.max_message_bytes
+        pace = ReadPace(self.gw.config.max_client_bytes_per_s, 2 * limit)
         while True:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
                 return closed_by_client(msg)
-            err = await self.session.handle_text(message_text(msg), limit)
+            text = message_text(msg)
+            await pace.took(len(text))
+            err = await self.session.handle_text(text, limit)
             if err is not None:
                 await self.send(err)
 
