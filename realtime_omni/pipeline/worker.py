@@ -160,7 +160,8 @@ class Worker:
                 max_batch=st.max_batch,
                 max_prefill_tokens_per_step=st.max_prefill_tokens_per_step,
                 pipeline=self.cfg,
-                run_dir=str(self.ipc_dir),
+                # none for a stage `realtime-omni stage` started on another host without one
+                run_dir=args.ipc_dir or None,
             )
             self.stages[name] = Stage(
                 name, load_executor(st.executor, ctx), self.graph.wait_for[name]
