@@ -170,3 +170,23 @@ def test_a_session_evicted_for_blocks_gets_a_full_prefill_with_the_same_answer(
     ref = turn(fresh, "t2", history)
     assert got["cached"] == 0 and got["ids"] == ref["ids"]
     np.testing.assert_array_equal(got["codes"], ref["codes"])
+
+
+def test_a_talker_request_waits_for_blocks_with_no_deadline(tiny_dir: Path) -> None:
+    """A talker request comes with its answer's first token: its text already runs. Waiting
+    for the running answers' blocks for as long as they take (here an hour on the talker's
+    clock, as a busy machine's 20 s once did) must not fail it."""
+    payload = {**conversation("text"), **GREEDY, "max_tokens": 12, "talker_max_tokens": 30}
+    params = {"kv_cache_tokens": 80, "admit_margin_tokens": 32}
+    p = InProcess(tiny_config(talker_ar=params), expect_failures=True)
+    talker: Any = p.stages["talker_ar"].executor
+    p.submit("a", payload)
+    _step_until(p, "a", "code2wav", 1)
+    p.submit("b", payload)  # its prompt and margin do not fit beside a's: it waits
+    _step_until(p, "b", "decode", 1)
+    now = talker.clock
+    talker.clock = lambda: now() + 3600
+    p.run()
+    assert p.failed == {} and p.stages["talker_ar"].failures == []
+    assert len(p.outputs["b"]["code2wav"]) == len(p.outputs["a"]["code2wav"]) > 0
+    assert talker.cache.blocks_in_use() == 0

@@ -32,8 +32,12 @@ prefills the rest; bounded by `params.session_cache_tokens` (default 65,536), by
 by the KV pool's blocks (`params.kv_cache_tokens` or `kv_cache_gib`, as the thinker's).
 
 Under pressure, as in the thinker (thinker.py): a request's prompt is prefilled only once it and
-`params.admit_margin_tokens` (default 128) fit, in arrival order, waiting `admit_timeout_s`
-(default 20) at most; one that could never fit fails at once, evicting nothing. When a frame
+`params.admit_margin_tokens` (default 128) fit, in arrival order; one that could never fit fails
+at once, evicting nothing. It waits with no deadline unless `admit_timeout_s` is set: a talker
+request comes with its answer's first token, so its answer already runs (its text reaches the
+caller), and the running answers holding the blocks always finish (under pressure the newest
+gives its blocks back): failing it at a deadline would kill a running answer, which a busy
+machine did at 20 s. When a frame
 finds no block, the newest request holding blocks gives them back and is recomputed later: its
 prompt and every frame's input so far (`_Request.inputs`) prefilled again, its repetition
 penalty's codes kept, and it goes on from its last frame. A prefill that raises fails its
@@ -42,6 +46,7 @@ request alone (an `Emit` with `error`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -160,7 +165,7 @@ class TalkerExecutor(HoldsRequests, PreemptsNewest):
         self.prefill_budget = ctx.max_prefill_tokens_per_step
         self.sessions = KeptSessions(self.cache, int(p.get("session_cache_tokens", 65536)))
         self.admit_margin = int(p.get("admit_margin_tokens", 128))
-        self.admit_timeout_s = float(p.get("admit_timeout_s", 20.0))
+        self.admit_timeout_s = float(p.get("admit_timeout_s", math.inf))  # see the docstring
         self.clock = time.monotonic
         self.reqs: dict[str, _Request] = {}
         self.arrivals = 0
@@ -241,7 +246,7 @@ class TalkerExecutor(HoldsRequests, PreemptsNewest):
         if not waiting:
             return None
         head = min(waiting, key=lambda r: r.seq)
-        if self._admission(head) != "wait":
+        if self._admission(head) != "wait" or math.isinf(self.admit_timeout_s):
             return None
         return max(0.0, head.arrived + self.admit_timeout_s - self.clock())
 
