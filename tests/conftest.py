@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import random
 import signal
 import socket
 import time
@@ -65,15 +66,16 @@ def free_port() -> int:
 
 
 def free_port_block(n: int) -> int:
-    """A base port with n free ports after it, for configs with TCP inboxes (`runtime.base_port`):
-    the default, 47100, lies in Linux's ephemeral range, where a test's other connections (Ray's)
-    can hold a port of it. Best effort: nothing else should race us."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65000:
-            continue
+    """A base port with n free ports after it, for configs with TCP inboxes (`runtime.base_port`).
+    Taken below Linux's ephemeral range (32768 up): there no connection's own port (Ray's, the
+    other pytest worker's servers') can take one of the block between this check and the
+    stages' binds, which once failed a Ray test with "Address already in use". Each pytest-xdist
+    worker draws from its own part of 20000-32000."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = 20000 + (index % 4) * 3000
+    for _ in range(200):
+        base = random.randrange(low, low + 3000 - n)
         try:
             for port in range(base, base + n):
                 with socket.socket() as s:
