@@ -137,27 +137,32 @@ async def errors_of(ws: Any, counts: Counts, limit_s: float = 5.0) -> None:
 # ---- the probes ----------------------------------------------------------------------------
 
 
-async def event_ids(srv: Server, until: float, counts: Counts) -> None:
-    async with websockets.connect(f"{srv.ws}/v1/realtime", additional_headers=bearer(srv.mint()),
-                                  max_size=None) as ws:  # fmt: skip
+def realtime(srv: Server) -> Any:
+    """A `/v1/realtime` connection with a client secret of its own, as a page would hold."""
+    return websockets.connect(
+        f"{srv.ws}/v1/realtime", additional_headers=bearer(srv.mint()), max_size=None
+    )
+
+
+async def each_refused(srv: Server, until: float, counts: Counts, message: str, times: int) -> None:
+    """Send `message` up to `times` times on one connection, counting each refusal."""
+    async with realtime(srv) as ws:
         await ws.recv()
-        for _ in range(200):
+        for _ in range(times):
             if time.monotonic() > until:
                 break
-            await ws.send(json.dumps({"type": "no.such.event", "event_id": "e" * (64 << 10)}))
+            await ws.send(message)
             await errors_of(ws, counts)
+
+
+async def event_ids(srv: Server, until: float, counts: Counts) -> None:
+    message = json.dumps({"type": "no.such.event", "event_id": "e" * (64 << 10)})
+    await each_refused(srv, until, counts, message, 200)
 
 
 async def json_nesting(srv: Server, until: float, counts: Counts) -> None:
     nested = '{"type": "session.update", "session": ' + "[]," * (500_000) + "[]}"
-    async with websockets.connect(f"{srv.ws}/v1/realtime", additional_headers=bearer(srv.mint()),
-                                  max_size=None) as ws:  # fmt: skip
-        await ws.recv()
-        for _ in range(50):
-            if time.monotonic() > until:
-                break
-            await ws.send(nested)
-            await errors_of(ws, counts)
+    await each_refused(srv, until, counts, nested, 50)
 
 
 async def live_append(srv: Server, until: float, counts: Counts) -> None:
@@ -188,8 +193,7 @@ async def live_append(srv: Server, until: float, counts: Counts) -> None:
 async def settings_echo(srv: Server, until: float, counts: Counts) -> None:
     big = {"type": "session.update", "session": {"instructions": "i" * (400 << 10)}}
     tool = {"type": "function", "name": "t", "parameters": {"description": "d" * (400 << 10)}}
-    async with websockets.connect(f"{srv.ws}/v1/realtime", additional_headers=bearer(srv.mint()),
-                                  max_size=None) as ws:  # fmt: skip
+    async with realtime(srv) as ws:
         await ws.recv()
         await ws.send(json.dumps(big))
         await ws.send(json.dumps({"type": "session.update", "session": {"tools": [tool]}}))
